@@ -1,0 +1,78 @@
+"""Ragged paged-attention kernels behind one entry point.
+
+``ragged_paged_attention(..., backend=...)`` dispatches to:
+  - ``xla``: the pure-jnp reference (``reference.py``), what CPUs run;
+  - ``pallas_gpu``: a Pallas kernel lowered through Triton (``triton_gpu.py``);
+  - ``pallas_tpu``: a Pallas kernel lowered through Mosaic (``mosaic_tpu.py``).
+``auto`` picks by ``jax.default_backend()``. On CPU the Pallas backends run in
+interpret mode.
+"""
+
+from __future__ import annotations
+
+import jax
+
+from kernels_pallas.kv_write import (  # noqa: F401
+    KV_CACHE_DTYPES,
+    allocate_kv_pages,
+    copy_pages,
+    is_quantized,
+    write_kv,
+)
+from kernels_pallas.reference import ragged_paged_attention as reference_attention
+
+BACKENDS = ("auto", "xla", "pallas_gpu", "pallas_tpu")
+
+
+def resolve_backend(backend: str = "auto") -> str:
+    """Map ``auto`` to a concrete backend for the current platform."""
+    if backend not in BACKENDS:
+        raise ValueError(f"attention_backend: {backend!r} is not one of {BACKENDS}")
+    if backend != "auto":
+        return backend
+    platform = jax.default_backend()
+    if platform == "gpu":
+        return "pallas_gpu"
+    if platform == "tpu":
+        return "pallas_tpu"
+    return "xla"
+
+
+def ragged_paged_attention(
+    q,
+    kv_pages,
+    kv_lens,
+    page_table,
+    cu_q_lens,
+    num_seqs,
+    *,
+    sm_scale: float,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+    kv_scales=None,
+    max_q_len: int | None = None,
+    backend: str = "auto",
+    interpret: bool | None = None,
+):
+    """See ``reference.py`` for the contract. ``interpret=None`` means: interpret
+    the Pallas kernels when the platform cannot run them natively."""
+    backend = resolve_backend(backend)
+    kw = dict(sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap,
+              kv_scales=kv_scales, max_q_len=max_q_len)
+    if backend == "xla":
+        return reference_attention(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, **kw)
+    if backend == "pallas_gpu":
+        from kernels_pallas import triton_gpu
+
+        if interpret is None:
+            interpret = jax.default_backend() != "gpu"
+        return triton_gpu.ragged_paged_attention(
+            q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, interpret=interpret, **kw
+        )
+    from kernels_pallas import mosaic_tpu
+
+    if interpret is None:
+        interpret = jax.default_backend() != "tpu"
+    return mosaic_tpu.ragged_paged_attention(
+        q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, interpret=interpret, **kw
+    )

@@ -1,0 +1,55 @@
+"""The interface every model module implements, and the per-step attention metadata.
+
+The engine (``pagedjax/runner.py``) only talks to models through this file:
+
+    model, params = models.load_model("SmolLM2-135M-Instruct", dtype="float32")
+    kv_caches = model.allocate_kv_caches(num_pages, page_size, kv_cache_dtype)
+    hidden, kv_caches = model.forward(params, kv_caches, token_ids, meta)
+    logits = model.compute_logits(params, hidden[logits_index])
+
+``forward`` and ``compute_logits`` are pure functions of arrays, safe under
+``jax.jit`` with ``kv_caches`` donated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class AttentionMetadata:
+    """Where the step's tokens sit in the page pool (device arrays + static hints).
+
+    T = padded token count, S = padded sequence count, P = padded pages per sequence.
+    """
+
+    positions: jax.Array  # i32[T]     position of each token in its sequence
+    slot_mapping: jax.Array  # i32[T]  page_id * page_size + offset; padding -> 0 (null page)
+    kv_lens: jax.Array  # i32[S]       context length incl. this step's tokens; padding -> 0
+    page_table: jax.Array  # i32[S, P] physical page ids; padding -> 0
+    cu_q_lens: jax.Array  # i32[S+1]   prefix sums of new-token counts (padding seqs add 0)
+    num_seqs: jax.Array  # i32[]       valid sequences
+    # Static (part of the compiled shape, not traced):
+    max_q_len: int | None = dataclasses.field(default=None, metadata=dict(static=True))
+    attn_backend: str = dataclasses.field(default="xla", metadata=dict(static=True))
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelInfo:
+    """What the engine needs to know about a loaded model."""
+
+    architecture: str  # HF architectures[0]
+    num_layers: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    vocab_size: int
+    max_model_len: int  # max_position_embeddings (or the model's context limit)
+    dtype: Any  # jnp dtype of params/activations
+    eos_token_ids: tuple[int, ...] = ()
+    bos_token_id: int | None = None
