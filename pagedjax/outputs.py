@@ -1,0 +1,150 @@
+"""Request outputs with vLLM's names and fields.
+
+Logprobs follow vLLM: ``CompletionOutput.logprobs`` is a list with one
+``dict[token_id, Logprob]`` per generated token, holding the sampled token and
+the top-k tokens (k + 1 entries, or k when the sampled token is in the top k).
+``RequestOutput.prompt_logprobs`` is the same per prompt token, with ``None``
+for the first token (it has no logprob).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence, Union
+
+
+@dataclass
+class Logprob:
+    """Log probability of one token, its rank (1 = most likely) and its text."""
+
+    logprob: float
+    rank: Optional[int] = None
+    decoded_token: Optional[str] = None
+
+
+SampleLogprobs = list[dict[int, Logprob]]
+PromptLogprobs = list[Optional[dict[int, Logprob]]]
+
+
+def make_logprobs_dict(token_id: int, logprob: float, rank: int,
+                       topk_ids: Sequence[int] = (), topk_logprobs: Sequence[float] = (),
+                       decode: Optional[Callable[[int], str]] = None) -> dict[int, Logprob]:
+    """One position's logprobs dict from the sampler's arrays (one row of them).
+
+    The sampled token comes first; the top-k follow with ranks 1..k.
+    """
+    dec = decode or (lambda _t: None)
+    out = {int(token_id): Logprob(float(logprob), int(rank), dec(int(token_id)))}
+    for i, (t, lp) in enumerate(zip(topk_ids, topk_logprobs)):
+        t = int(t)
+        if t not in out:
+            out[t] = Logprob(float(lp), i + 1, dec(t))
+    return out
+
+
+@dataclass
+class CompletionOutput:
+    """One completion (of the ``n``) of a request."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: Optional[float]
+    logprobs: Optional[SampleLogprobs]
+    finish_reason: Optional[str] = None  # "stop" | "length" | "abort"
+    stop_reason: Union[int, str, None] = None  # the stop string or stop token id
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def __repr__(self) -> str:
+        return (f"CompletionOutput(index={self.index}, text={self.text!r}, "
+                f"token_ids={self.token_ids}, cumulative_logprob={self.cumulative_logprob}, "
+                f"logprobs={self.logprobs}, finish_reason={self.finish_reason}, "
+                f"stop_reason={self.stop_reason})")
+
+
+@dataclass
+class RequestMetrics:
+    """Times (seconds, time.time()) of a request's life."""
+
+    arrival_time: float
+    last_token_time: float
+    first_scheduled_time: Optional[float] = None
+    first_token_time: Optional[float] = None
+    time_in_queue: Optional[float] = None
+    finished_time: Optional[float] = None
+
+
+@dataclass
+class RequestOutput:
+    """What ``LLM.generate`` returns per prompt and the engine streams."""
+
+    request_id: str
+    prompt: Optional[str]
+    prompt_token_ids: Optional[list[int]]
+    prompt_logprobs: Optional[PromptLogprobs]
+    outputs: list[CompletionOutput]
+    finished: bool
+    metrics: Optional[RequestMetrics] = None
+    num_cached_tokens: Optional[int] = 0
+
+    def add(self, next_output: "RequestOutput", aggregate: bool = True) -> None:
+        """Merge a later (delta) output of the same request into this one."""
+        self.finished |= next_output.finished
+        self.metrics = next_output.metrics or self.metrics
+        self.num_cached_tokens = next_output.num_cached_tokens
+        for nxt in next_output.outputs:
+            for i, cur in enumerate(self.outputs):
+                if cur.index == nxt.index:
+                    if aggregate:
+                        cur.text += nxt.text
+                        cur.token_ids = list(cur.token_ids) + list(nxt.token_ids)
+                        if nxt.logprobs:
+                            cur.logprobs = (cur.logprobs or []) + nxt.logprobs
+                        cur.cumulative_logprob = nxt.cumulative_logprob
+                        cur.finish_reason = nxt.finish_reason
+                        cur.stop_reason = nxt.stop_reason
+                    else:
+                        self.outputs[i] = nxt
+                    break
+            else:
+                self.outputs.append(nxt)
+
+    def __repr__(self) -> str:
+        return (f"RequestOutput(request_id={self.request_id}, prompt={self.prompt!r}, "
+                f"prompt_token_ids={self.prompt_token_ids}, "
+                f"prompt_logprobs={self.prompt_logprobs}, outputs={self.outputs}, "
+                f"finished={self.finished}, metrics={self.metrics}, "
+                f"num_cached_tokens={self.num_cached_tokens})")
+
+
+@dataclass
+class BeamSearchSequence:
+    """One beam: prompt + generated tokens, their logprobs and the beam score."""
+
+    tokens: list[int]
+    logprobs: list[dict[int, Logprob]] = field(default_factory=list)
+    cum_logprob: float = 0.0
+    text: Optional[str] = None
+    finish_reason: Optional[str] = None
+    stop_reason: Union[int, str, None] = None
+
+
+@dataclass
+class BeamSearchOutput:
+    """The best ``beam_width`` sequences of a beam search, best first."""
+
+    sequences: list[BeamSearchSequence]
+
+
+def get_beam_search_score(tokens: Sequence[int], cumulative_logprob: float,
+                          eos_token_id: Optional[int], length_penalty: float = 1.0) -> float:
+    """vLLM's beam score: cumulative logprob / length ** length_penalty.
+
+    A final EOS token is not counted in the length.
+    """
+    seq_len = len(tokens)
+    if seq_len and eos_token_id is not None and tokens[-1] == eos_token_id:
+        seq_len -= 1
+    return cumulative_logprob / (max(seq_len, 1) ** length_penalty)

@@ -1,0 +1,288 @@
+"""Sampling parameters with vLLM's names, defaults and validation.
+
+``SamplingParams`` is what users pass to ``LLM.generate`` and what the server
+builds from an OpenAI request. Every check raises ``ValueError`` with a message
+that names the field, the bound and the value received, so a user knows what
+to change. Limits that shape device arrays are module constants.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+# Temperatures below this are greedy (vLLM's _SAMPLING_EPS).
+SAMPLING_EPS = 1e-5
+# Most logprobs a request may ask for (per generated or prompt token); vLLM's
+# server default ``max_logprobs``.
+MAX_LOGPROBS = 20
+# Most ``logit_bias`` entries (OpenAI's limit) and their allowed range.
+MAX_LOGIT_BIAS = 300
+LOGIT_BIAS_RANGE = 100.0
+# Bans are sent to the device in a fixed-width array: EOS + stop_token_ids
+# while min_tokens is not reached, and one next-token ban per bad-word variant.
+MAX_STOP_TOKEN_IDS = 64
+MAX_BAD_WORDS = 64
+# Seeds are 64-bit (two uint32 words of a threefry key).
+SEED_MIN = -(2**63)
+SEED_MAX = 2**64 - 1
+
+
+class SamplingType(enum.IntEnum):
+    GREEDY = 0
+    RANDOM = 1
+    RANDOM_SEED = 2
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+@dataclass
+class SamplingParams:
+    """Sampling parameters for text generation (vLLM's fields and defaults).
+
+    ``top_k`` 0 or -1 turns top-k off (stored as 0). ``stop`` accepts a string
+    or a list and is stored as a list; ``stop_token_ids`` and ``bad_words``
+    likewise become lists.
+    """
+
+    n: int = 1
+    best_of: Optional[int] = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: Optional[int] = None
+    stop: Optional[Union[str, list[str]]] = None
+    stop_token_ids: Optional[list[int]] = None
+    bad_words: Optional[list[str]] = None
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    max_tokens: Optional[int] = 16
+    min_tokens: int = 0
+    logprobs: Optional[int] = None
+    prompt_logprobs: Optional[int] = None
+    detokenize: bool = True
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    logit_bias: Optional[dict[int, float]] = None
+    allowed_token_ids: Optional[list[int]] = None
+    # EOS ids from the model / generation config (see update_from_generation_config).
+    _eos_token_ids: list[int] = field(default_factory=list, init=False, repr=False,
+                                      compare=False)
+
+    def __post_init__(self) -> None:
+        # Normalise containers first so that checks see one form.
+        if self.stop is None:
+            self.stop = []
+        elif isinstance(self.stop, str):
+            self.stop = [self.stop]
+        else:
+            self.stop = list(self.stop)
+        self.stop_token_ids = [] if self.stop_token_ids is None else list(self.stop_token_ids)
+        self.bad_words = [] if self.bad_words is None else list(self.bad_words)
+        if self.logit_bias is not None:
+            try:
+                self.logit_bias = {int(k): float(v) for k, v in dict(self.logit_bias).items()}
+            except (TypeError, ValueError) as e:
+                raise ValueError(
+                    "logit_bias must map token ids (int) to biases (float), "
+                    f"got {self.logit_bias!r}") from e
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = list(self.allowed_token_ids)
+        if _is_int(self.top_k) and self.top_k == -1:
+            self.top_k = 0
+        if self.best_of is None:
+            self.best_of = self.n
+        self._verify_args()
+        if self.temperature < SAMPLING_EPS:
+            # Greedy: the filters cannot change argmax; turn them off (vLLM).
+            self.top_p = 1.0
+            self.top_k = 0
+            self.min_p = 0.0
+
+    # ------------------------------------------------------------------ checks
+    def _verify_args(self) -> None:
+        def need_int(name: str, lo: Optional[int] = None, hi: Optional[int] = None,
+                     optional: bool = False, hint: str = "") -> None:
+            v = getattr(self, name)
+            if v is None and optional:
+                return
+            if not _is_int(v):
+                raise ValueError(f"{name} must be an integer, got {v!r}.")
+            if lo is not None and v < lo:
+                raise ValueError(f"{name} must be >= {lo}, got {v}.{hint}")
+            if hi is not None and v > hi:
+                raise ValueError(f"{name} must be <= {hi}, got {v}.{hint}")
+
+        def need_num(name: str) -> float:
+            v = getattr(self, name)
+            if not _is_number(v) or not math.isfinite(v):
+                raise ValueError(f"{name} must be a finite number, got {v!r}.")
+            return float(v)
+
+        need_int("n", 1)
+        need_int("best_of", 1)
+        if self.best_of < self.n:
+            raise ValueError(
+                f"best_of must be >= n, got n={self.n} and best_of={self.best_of}.")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = need_num(name)
+            if not -2.0 <= v <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {v}.")
+        if need_num("repetition_penalty") <= 0.0:
+            raise ValueError(
+                f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}.")
+        if need_num("temperature") < 0.0:
+            raise ValueError(
+                f"temperature must be >= 0 (0 = greedy), got {self.temperature}.")
+        top_p = need_num("top_p")
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1] (1 = off), got {top_p}.")
+        need_int("top_k", 0, hint=" Use 0 or -1 to turn top-k off.")
+        min_p = need_num("min_p")
+        if not 0.0 <= min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1] (0 = off), got {min_p}.")
+        need_int("seed", SEED_MIN, SEED_MAX, optional=True)
+        need_int("max_tokens", 1, optional=True)
+        need_int("min_tokens", 0)
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens must be <= max_tokens, got min_tokens={self.min_tokens} "
+                f"and max_tokens={self.max_tokens}.")
+        hint = f" (the limit is pagedjax.sampling_params.MAX_LOGPROBS = {MAX_LOGPROBS})"
+        need_int("logprobs", 0, MAX_LOGPROBS, optional=True, hint=hint)
+        need_int("prompt_logprobs", 0, MAX_LOGPROBS, optional=True, hint=hint)
+        for s in self.stop:
+            if not isinstance(s, str):
+                raise ValueError(f"stop must be a string or a list of strings, got {s!r}.")
+            if s == "":
+                raise ValueError("stop cannot contain an empty string.")
+        if self.stop and not self.detokenize:
+            raise ValueError(
+                "stop strings are only supported when detokenize is True; "
+                "set detokenize=True or use stop_token_ids.")
+        self._check_ids("stop_token_ids", self.stop_token_ids, MAX_STOP_TOKEN_IDS)
+        if len(self.bad_words) > MAX_BAD_WORDS:
+            raise ValueError(
+                f"bad_words may hold at most {MAX_BAD_WORDS} words "
+                f"(MAX_BAD_WORDS), got {len(self.bad_words)}.")
+        for w in self.bad_words:
+            if not isinstance(w, str) or not w.strip():
+                raise ValueError(f"bad_words must be non-empty strings, got {w!r}.")
+        if self.logit_bias is not None:
+            if len(self.logit_bias) > MAX_LOGIT_BIAS:
+                raise ValueError(
+                    f"logit_bias may hold at most {MAX_LOGIT_BIAS} entries "
+                    f"(MAX_LOGIT_BIAS), got {len(self.logit_bias)}.")
+            for tok, b in self.logit_bias.items():
+                if tok < 0:
+                    raise ValueError(f"logit_bias token ids must be >= 0, got {tok}.")
+                if not (math.isfinite(b) and abs(b) <= LOGIT_BIAS_RANGE):
+                    raise ValueError(
+                        f"logit_bias values must be in [-{LOGIT_BIAS_RANGE:g}, "
+                        f"{LOGIT_BIAS_RANGE:g}], got {b} for token {tok}.")
+        if self.allowed_token_ids is not None:
+            if not self.allowed_token_ids:
+                raise ValueError(
+                    "allowed_token_ids must not be empty; pass None to allow all tokens.")
+            self._check_ids("allowed_token_ids", self.allowed_token_ids, None)
+        for name in ("include_stop_str_in_output", "ignore_eos", "detokenize",
+                     "skip_special_tokens", "spaces_between_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}.")
+
+    @staticmethod
+    def _check_ids(name: str, ids: list, limit: Optional[int]) -> None:
+        if limit is not None and len(ids) > limit:
+            raise ValueError(f"{name} may hold at most {limit} ids, got {len(ids)}.")
+        for t in ids:
+            if not _is_int(t) or t < 0:
+                raise ValueError(f"{name} must hold non-negative integer token ids, got {t!r}.")
+
+    def verify_vocab(self, vocab_size: int) -> None:
+        """Raise ValueError if a token id in the params is >= vocab_size."""
+        groups = [("stop_token_ids", self.stop_token_ids),
+                  ("allowed_token_ids", self.allowed_token_ids or []),
+                  ("logit_bias", list((self.logit_bias or {}).keys()))]
+        for name, ids in groups:
+            bad = [t for t in ids if t >= vocab_size]
+            if bad:
+                raise ValueError(
+                    f"{name} holds token id {bad[0]}, outside the model's vocabulary "
+                    f"of size {vocab_size}.")
+
+    # -------------------------------------------------------------- accessors
+    @property
+    def sampling_type(self) -> SamplingType:
+        if self.temperature < SAMPLING_EPS:
+            return SamplingType.GREEDY
+        if self.seed is not None:
+            return SamplingType.RANDOM_SEED
+        return SamplingType.RANDOM
+
+    @property
+    def all_stop_token_ids(self) -> set[int]:
+        """stop_token_ids plus the model's EOS ids (unless ignore_eos)."""
+        out = set(self.stop_token_ids)
+        if not self.ignore_eos:
+            out.update(self._eos_token_ids)
+        return out
+
+    @property
+    def output_text_buffer_length(self) -> int:
+        """Characters held back while streaming so a stop string can be cut."""
+        if self.stop and not self.include_stop_str_in_output:
+            return max(len(s) for s in self.stop) - 1
+        return 0
+
+    def update_from_generation_config(self, generation_config: dict,
+                                      model_eos_token_id: Optional[int] = None) -> None:
+        """Record the model's EOS ids (from the tokenizer and generation_config)."""
+        eos: list[int] = []
+        if model_eos_token_id is not None:
+            eos.append(int(model_eos_token_id))
+        gen_eos = (generation_config or {}).get("eos_token_id")
+        if gen_eos is not None:
+            eos.extend([gen_eos] if _is_int(gen_eos) else list(gen_eos))
+        self._eos_token_ids = sorted(set(eos))
+
+    def clone(self) -> "SamplingParams":
+        return copy.deepcopy(self)
+
+
+@dataclass
+class BeamSearchParams:
+    """Beam search parameters (vLLM's ``BeamSearchParams``)."""
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.beam_width) or self.beam_width < 1:
+            raise ValueError(f"beam_width must be an integer >= 1, got {self.beam_width!r}.")
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}.")
+        if not _is_number(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}.")
+        if not _is_number(self.length_penalty) or not math.isfinite(self.length_penalty):
+            raise ValueError(
+                f"length_penalty must be a finite number, got {self.length_penalty!r}.")
+
+    def clone(self) -> "BeamSearchParams":
+        return copy.deepcopy(self)
