@@ -1,0 +1,200 @@
+"""One request: token ids, progress, status and page table (host side, no JAX).
+
+A `Request` is what the scheduler moves between its waiting queue and its
+running list.  Its central number is `num_computed_tokens`: how many of
+`all_token_ids` (prompt + outputs) already have their K/V written in the page
+pool.  vLLM V1's rule is that every step just lets `num_computed_tokens` catch
+up with `num_tokens`; a prompt chunk, a decode step and a recompute after
+preemption are the same thing.
+
+`sampling_params` is duck-typed; these attributes are read once, at
+construction (missing ones take the default):
+
+    max_tokens      int | None   None = until max_model_len
+    min_tokens      int  = 0     EOS / stop_token_ids are ignored until the
+                                 request has MORE than min_tokens outputs
+    stop_token_ids  list | None  finish 'stop', stop_reason = the token id
+    ignore_eos      bool = False
+    n               int  = 1     parallel samples (the scheduler forks)
+
+Stop tokens stay in `output_token_ids`; the detokenizer decides what to show.
+The last output token of an unfinished request is "pending": sampled but not
+yet computed (`num_computed_tokens == num_tokens - 1` after an update).  An
+engine that drives beam search may replace that pending token before the next
+`Scheduler.schedule()`.
+
+Extra fields beyond the brief, used by the scheduler / page pool:
+    block_hashes          prefix-cache hashes of full token blocks (content
+                          only, so they survive preemption and forks)
+    num_registered_pages  how many leading pages were offered to the cache
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from typing import Any
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "finished_stopped"
+    FINISHED_LENGTH = "finished_length"
+    FINISHED_ABORTED = "finished_aborted"
+
+    def is_finished(self) -> bool:
+        """`status.is_finished()` or `RequestStatus.is_finished(status)`."""
+        return self in _FINISH_REASONS
+
+    @property
+    def finish_reason(self) -> str | None:
+        """'stop' | 'length' | 'abort' for finished states, else None."""
+        return _FINISH_REASONS.get(self)
+
+    @classmethod
+    def from_finish_reason(cls, reason: str) -> "RequestStatus":
+        for status, name in _FINISH_REASONS.items():
+            if name == reason:
+                return status
+        raise ValueError(
+            f"finish_reason must be one of 'stop', 'length', 'abort', got {reason!r}")
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+def _param(params: Any, name: str, default: Any) -> Any:
+    value = getattr(params, name, default) if params is not None else default
+    return default if value is None and default is not None else value
+
+
+class Request:
+    """A single sequence. Forked children (n > 1, beam search) are Requests too."""
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: Any,
+                 eos_token_ids: tuple[int, ...] = (), arrival_time: float | None = None,
+                 priority: int = 0, max_model_len: int | None = None,
+                 cache_salt: str | None = None) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids: list[int] = list(prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.eos_token_ids: tuple[int, ...] = tuple(eos_token_ids)
+        self.arrival_time = time.time() if arrival_time is None else arrival_time
+        self.priority = priority
+        self.max_model_len = max_model_len
+        self.cache_salt = cache_salt
+
+        self.max_tokens: int | None = _param(sampling_params, "max_tokens", None)
+        self.min_tokens: int = _param(sampling_params, "min_tokens", 0)
+        self.stop_token_ids: frozenset[int] = frozenset(
+            _param(sampling_params, "stop_token_ids", None) or ())
+        self.ignore_eos: bool = bool(_param(sampling_params, "ignore_eos", False))
+        self.n: int = _param(sampling_params, "n", 1)
+
+        self.output_token_ids: list[int] = []
+        self.num_computed_tokens = 0
+        self.status = RequestStatus.WAITING
+        self.page_ids: list[int] = []
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.num_preemptions = 0
+        self.num_cached_tokens = 0
+        self.parent_id: str | None = None
+        self.sample_index = 0
+        self.block_hashes: list[int] = []
+        self.num_registered_pages = 0
+        self.first_scheduled = False
+
+    # ---- token views -------------------------------------------------------
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished()
+
+    def get_token_ids(self, start: int, end: int) -> list[int]:
+        """all_token_ids[start:end] without building the whole list."""
+        p = len(self.prompt_token_ids)
+        if end <= p:
+            return self.prompt_token_ids[start:end]
+        if start >= p:
+            return self.output_token_ids[start - p:end - p]
+        return self.prompt_token_ids[start:] + self.output_token_ids[:end - p]
+
+    # ---- lifecycle ---------------------------------------------------------
+    def append_output_token(self, token_id: int) -> None:
+        self.output_token_ids.append(int(token_id))
+
+    def finish(self, status: RequestStatus, stop_reason: int | str | None = None) -> None:
+        if not status.is_finished():
+            raise ValueError(f"{status} is not a finished status")
+        self.status = status
+        self.finish_reason = status.finish_reason
+        self.stop_reason = stop_reason
+
+    def check_stop(self, max_len: int) -> bool:
+        """Apply the stop rules to the newest output token; finish if one fires.
+
+        Stop tokens ('stop') win over length limits ('length'). `max_len` is
+        the length cap in tokens (prompt + outputs), normally max_model_len.
+        """
+        n_out = len(self.output_token_ids)
+        if n_out == 0:
+            return False
+        last = self.output_token_ids[-1]
+        if n_out > self.min_tokens:
+            if not self.ignore_eos and last in self.eos_token_ids:
+                self.finish(RequestStatus.FINISHED_STOPPED)
+                return True
+            if last in self.stop_token_ids:
+                self.finish(RequestStatus.FINISHED_STOPPED, stop_reason=last)
+                return True
+        if self.num_tokens >= max_len or (
+                self.max_tokens is not None and n_out >= self.max_tokens):
+            self.finish(RequestStatus.FINISHED_LENGTH)
+            return True
+        return False
+
+    def fork(self, new_request_id: str, sample_index: int = 0) -> "Request":
+        """A copy sharing prompt and outputs so far, with no pages of its own.
+
+        The caller (the scheduler) gives it pages (PagePool.fork) and a status.
+        """
+        child = Request(new_request_id, self.prompt_token_ids, self.sampling_params,
+                        self.eos_token_ids, self.arrival_time, self.priority,
+                        self.max_model_len, self.cache_salt)
+        child.prompt_token_ids = self.prompt_token_ids  # read-only, share it
+        child.output_token_ids = list(self.output_token_ids)
+        child.num_computed_tokens = self.num_computed_tokens
+        child.num_cached_tokens = self.num_cached_tokens
+        child.block_hashes = list(self.block_hashes)
+        child.num_registered_pages = self.num_registered_pages
+        child.first_scheduled = self.first_scheduled
+        child.parent_id = self.request_id
+        child.sample_index = sample_index
+        return child
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, status={self.status.name}, "
+                f"tokens={self.num_prompt_tokens}+{self.num_output_tokens}, "
+                f"computed={self.num_computed_tokens}, pages={self.page_ids})")

@@ -1,0 +1,439 @@
+"""Token-budget scheduler (vLLM V1 rule), host side, no JAX.
+
+There are no prefill/decode phases: every request has `num_computed_tokens`
+catching up with `num_tokens`.  One `schedule()`:
+
+1. Running requests, oldest first, each get their pending tokens (normally 1;
+   the rest of a prompt when it was chunked), capped by the token budget.
+   Pages are allocated to cover start_pos + num_new; a shared page about to be
+   written is copied first (copy-on-write, emitted in `page_copies`).  When the
+   pool runs dry the newest running request (policy "priority": the lowest
+   priority, i.e. the largest `priority` value, then the latest arrival) is
+   preempted: pages freed, `num_computed_tokens = 0`, status PREEMPTED, put at
+   the front of the waiting queue to recompute prompt + outputs later.  If the
+   victim is the request being scheduled it simply waits.
+2. If nobody was preempted, waiting requests (FCFS, or by (priority, arrival)
+   under policy "priority") are admitted while the budget, `max_num_seqs` and
+   the pool allow; prefix-cache hits move `num_computed_tokens` ahead on
+   admission.  With chunked prefill off a request is admitted only when its
+   whole remaining prompt fits the budget.
+
+`update(output, sampled)` then advances every row, registers newly full pages
+in the prefix cache, appends sampled tokens, forks n > 1 requests when their
+prompt completes (the parent stays sample 0; children `f"{id}-{i}"`,
+i = 1..n-1, get `parent_id`, `sample_index` and the parent's pages through
+`PagePool.fork`), applies the stop rules (see `Request.check_stop`) and frees
+the pages of finished requests.  Finished requests leave the scheduler
+(`get_request` returns None afterwards); `update`, `abort_request` and
+`finish_request` hand them back to the engine.
+
+Contract with the engine
+* ScheduledRow.page_ids is a snapshot of the full page table.
+* page_copies (src, dst) have distinct dst pages and no dst is a src; apply
+  them together (`kv[:, dst] = kv[:, src]`) before the step.
+* sampled[request_id] holds `num_samples` tokens for every row with
+  num_samples > 0 (rows with 0 may be omitted).  Rows of requests aborted
+  between schedule() and update() are ignored.
+* Call fork_request (beam search) after update() and before the next
+  schedule().  Forked requests may push the running count past max_num_seqs;
+  rows per step never exceed it.
+* A request with n > 1 counts as n sequences when admitted, so n must be
+  <= max_num_seqs.
+* The effective length cap is min(max_model_len, usable pages * page_size):
+  a sequence that could never fit the pool finishes with 'length'.
+* Not thread-safe: one engine thread calls it.
+
+Extras: `stats()` (PoolStats), `kv_waste()`, `num_running`, `num_waiting`
+(properties), `get_num_unfinished_requests()`, `pool` (the PagePool).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+
+from pagedjax.page_pool import PagePool, PoolStats
+from pagedjax.request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledRow:
+    request_id: str
+    token_ids: list[int]  # new tokens fed this step
+    start_pos: int        # positions are start_pos + arange(len(token_ids))
+    page_ids: list[int]   # full page table covering start_pos + len(token_ids)
+    num_samples: int = 1  # 0: mid-prompt chunk; n: fork a parallel-sampling request
+
+    @property
+    def num_new_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class SchedulerOutput:
+    rows: list[ScheduledRow] = field(default_factory=list)
+    page_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst)
+    preempted_ids: list[str] = field(default_factory=list)
+    num_batched_tokens: int = 0
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.rows
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class _WaitingQueue:
+    """FCFS deque, or a (priority, arrival, insertion) heap."""
+
+    def __init__(self, by_priority: bool) -> None:
+        self._by_priority = by_priority
+        self._deque: deque[Request] = deque()
+        self._heap: list[tuple] = []
+        self._seq = itertools.count()
+        self._keys: dict[str, int] = {}
+
+    def push(self, req: Request, front: bool = False) -> None:
+        if self._by_priority:
+            seq = self._keys.setdefault(req.request_id, next(self._seq))
+            heapq.heappush(self._heap, (req.priority, req.arrival_time, seq, req))
+        elif front:
+            self._deque.appendleft(req)
+        else:
+            self._deque.append(req)
+
+    def peek(self) -> Request:
+        return self._heap[0][-1] if self._by_priority else self._deque[0]
+
+    def pop(self) -> Request:
+        return heapq.heappop(self._heap)[-1] if self._by_priority else self._deque.popleft()
+
+    def remove(self, req: Request) -> None:
+        self._keys.pop(req.request_id, None)
+        if self._by_priority:
+            self._heap = [e for e in self._heap if e[-1] is not req]
+            heapq.heapify(self._heap)
+        else:
+            self._deque.remove(req)
+
+    def __len__(self) -> int:
+        return len(self._heap) if self._by_priority else len(self._deque)
+
+    def __iter__(self):
+        if self._by_priority:
+            return iter([e[-1] for e in sorted(self._heap, key=lambda e: e[:3])])
+        return iter(list(self._deque))
+
+
+class Scheduler:
+    def __init__(self, num_pages: int, page_size: int, max_num_seqs: int,
+                 max_num_batched_tokens: int, max_model_len: int,
+                 enable_prefix_caching: bool = False, policy: str = "fcfs",
+                 enable_chunked_prefill: bool = True) -> None:
+        for name, value in (("page_size", page_size), ("max_num_seqs", max_num_seqs),
+                            ("max_num_batched_tokens", max_num_batched_tokens),
+                            ("max_model_len", max_model_len)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if policy not in ("fcfs", "priority"):
+            raise ValueError(f"policy must be 'fcfs' or 'priority', got {policy!r}")
+        if not enable_chunked_prefill and max_num_batched_tokens < max_model_len:
+            raise ValueError(
+                f"without chunked prefill max_num_batched_tokens ({max_num_batched_tokens}) "
+                f"must be >= max_model_len ({max_model_len}); raise it, lower max_model_len "
+                f"or enable chunked prefill")
+        self.pool = PagePool(num_pages, page_size, enable_prefix_caching)
+        self.page_size = page_size
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.enable_prefix_caching = enable_prefix_caching
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.policy = policy
+        self.max_seq_len = min(max_model_len, self.pool.num_usable_pages * page_size)
+        self.requests: dict[str, Request] = {}
+        self.waiting = _WaitingQueue(policy == "priority")
+        self.running: list[Request] = []
+
+    # ---- requests in and out -----------------------------------------------
+    def add_request(self, req: Request) -> None:
+        rid, n = req.request_id, req.num_prompt_tokens
+        if rid in self.requests:
+            raise ValueError(f"request id {rid!r} is already in use")
+        if n == 0:
+            raise ValueError(f"request {rid!r}: the prompt is empty; give at least one token")
+        if n > self.max_model_len:
+            raise ValueError(f"request {rid!r}: the prompt has {n} tokens, more than "
+                             f"max_model_len={self.max_model_len}; shorten the prompt or "
+                             f"raise max_model_len")
+        need, usable = _cdiv(n, self.page_size), self.pool.num_usable_pages
+        if need > usable:
+            raise ValueError(f"request {rid!r}: the prompt needs {need} KV pages of "
+                             f"{self.page_size} tokens but the pool has only {usable} usable "
+                             f"pages (num_pages={self.pool.num_pages}, page 0 is reserved); "
+                             f"raise num_pages (or the KV memory budget) or shorten the prompt")
+        if req.n < 1 or req.n > self.max_num_seqs:
+            raise ValueError(f"request {rid!r}: n={req.n} must be between 1 and "
+                             f"max_num_seqs={self.max_num_seqs}; lower n or raise max_num_seqs")
+        if req.max_tokens is not None and req.max_tokens < 1:
+            raise ValueError(f"request {rid!r}: max_tokens must be >= 1, got {req.max_tokens}")
+        req.max_model_len = min(req.max_model_len or self.max_model_len, self.max_model_len)
+        req.status = RequestStatus.WAITING
+        self.requests[rid] = req
+        self.waiting.push(req)
+
+    def get_request(self, request_id: str) -> Request | None:
+        return self.requests.get(request_id)
+
+    def abort_request(self, request_id: str) -> Request | None:
+        return self.finish_request(request_id, "abort")
+
+    def finish_request(self, request_id: str, finish_reason: str,
+                       stop_reason: int | str | None = None) -> Request | None:
+        """Finish a live request now ('stop' | 'length' | 'abort'); None if unknown."""
+        status = RequestStatus.from_finish_reason(finish_reason)
+        req = self.requests.get(request_id)
+        if req is None:
+            return None
+        if req.status == RequestStatus.RUNNING:
+            self.running.remove(req)
+        else:
+            self.waiting.remove(req)
+        req.finish(status, stop_reason)
+        self._release(req)
+        return req
+
+    def fork_request(self, request_id: str, new_request_id: str) -> Request:
+        """A new request sharing the parent's tokens and pages (beam search)."""
+        parent = self.requests.get(request_id)
+        if parent is None:
+            raise ValueError(f"cannot fork unknown or finished request {request_id!r}")
+        if new_request_id in self.requests:
+            raise ValueError(f"request id {new_request_id!r} is already in use")
+        child = parent.fork(new_request_id, sample_index=parent.sample_index)
+        self.requests[new_request_id] = child
+        if parent.status == RequestStatus.RUNNING:
+            child.page_ids = self.pool.fork(parent.page_ids)
+            child.status = RequestStatus.RUNNING
+            self.running.append(child)
+        else:
+            child.status = parent.status
+            self.waiting.push(child)
+        return child
+
+    def _release(self, req: Request) -> None:
+        self.pool.free(req.page_ids)
+        req.page_ids = []
+        self.requests.pop(req.request_id, None)
+
+    # ---- schedule ----------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        rows: dict[str, ScheduledRow] = {}
+        copies: dict[str, list[tuple[int, int]]] = {}
+        out = SchedulerOutput()
+        budget = self._schedule_running(rows, copies, out.preempted_ids)
+        if not out.preempted_ids:
+            self._schedule_waiting(rows, budget)
+        out.rows = list(rows.values())
+        out.page_copies = [c for rid in rows for c in copies.get(rid, ())]
+        out.num_batched_tokens = sum(len(r.token_ids) for r in out.rows)
+        return out
+
+    def _schedule_running(self, rows, copies, preempted) -> int:
+        budget = self.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0 and len(rows) < self.max_num_seqs:
+            req = self.running[i]
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            if num_new <= 0:
+                i += 1
+                continue
+            cow = self._reserve(req, num_new)
+            while cow is None:
+                victim = self._pick_victim()
+                vi = self.running.index(victim)
+                if vi < i:
+                    i -= 1
+                budget += self._preempt(victim, rows, copies, preempted)
+                if victim is req:
+                    break
+                cow = self._reserve(req, num_new)
+            if cow is None:
+                continue  # req itself was preempted; running[i] is the next one
+            copies[req.request_id] = cow
+            rows[req.request_id] = self._make_row(req, num_new)
+            budget -= num_new
+            i += 1
+        return budget
+
+    def _schedule_waiting(self, rows, budget: int) -> None:
+        ps = self.page_size
+        while len(self.waiting) and budget > 0 and len(rows) < self.max_num_seqs:
+            req = self.waiting.peek()
+            seqs = req.n if self._samples_n(req) else 1
+            if len(self.running) + seqs > self.max_num_seqs:
+                break
+            hits = self.pool.peek_prefix(req.all_token_ids, req.cache_salt,
+                                         block_hashes=req.block_hashes)
+            computed = len(hits) * ps
+            num_new = req.num_tokens - computed
+            if num_new > budget:
+                if not self.enable_chunked_prefill:
+                    break
+                num_new = budget
+            need = _cdiv(computed + num_new, ps) - len(hits)
+            evictable_hits = sum(1 for p in hits if self.pool.ref_count(p) == 0)
+            if need + evictable_hits > self.pool.num_allocatable:
+                break
+            self.waiting.pop()
+            hits = self.pool.lookup(req.all_token_ids, req.cache_salt,
+                                    block_hashes=req.block_hashes)
+            req.page_ids = hits + self.pool.allocate(need)
+            req.num_computed_tokens = computed
+            req.num_registered_pages = len(hits)
+            if not req.first_scheduled:
+                req.first_scheduled = True
+                req.num_cached_tokens = computed
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            rows[req.request_id] = self._make_row(req, num_new)
+            budget -= num_new
+
+    def _reserve(self, req: Request, num_new: int) -> list[tuple[int, int]] | None:
+        """Pages (and CoW copies) so req can write num_new tokens; None if short."""
+        ps, pool, table = self.page_size, self.pool, req.page_ids
+        end = req.num_computed_tokens + num_new
+        need = max(0, _cdiv(end, ps) - len(table))
+        written = range(req.num_computed_tokens // ps, min(len(table), _cdiv(end, ps)))
+        shared = [j for j in written if pool.ref_count(table[j]) > 1]
+        if need + len(shared) > pool.num_allocatable:
+            return None
+        cow = []
+        for j in shared:
+            dst, src = pool.make_writable(table, j)
+            cow.append((src, dst))
+        if need:
+            table.extend(pool.allocate(need))
+        return cow
+
+    def _pick_victim(self) -> Request:
+        if self.policy == "priority":
+            return max(enumerate(self.running),
+                       key=lambda e: (e[1].priority, e[1].arrival_time, e[0]))[1]
+        return self.running[-1]
+
+    def _preempt(self, req: Request, rows, copies, preempted) -> int:
+        """Preempt req; return the budget its row (if any) had taken."""
+        self.running.remove(req)
+        row = rows.pop(req.request_id, None)
+        copies.pop(req.request_id, None)
+        self.pool.free(req.page_ids)
+        req.page_ids = []
+        req.num_computed_tokens = 0
+        req.num_registered_pages = 0
+        req.status = RequestStatus.PREEMPTED
+        req.num_preemptions += 1
+        self.waiting.push(req, front=True)
+        preempted.append(req.request_id)
+        return len(row.token_ids) if row else 0
+
+    @staticmethod
+    def _samples_n(req: Request) -> bool:
+        return req.n > 1 and req.num_output_tokens == 0 and req.parent_id is None
+
+    def _make_row(self, req: Request, num_new: int) -> ScheduledRow:
+        start = req.num_computed_tokens
+        samples = 0
+        if start + num_new == req.num_tokens:
+            samples = req.n if self._samples_n(req) else 1
+        return ScheduledRow(req.request_id, req.get_token_ids(start, start + num_new),
+                            start, list(req.page_ids), samples)
+
+    # ---- update ------------------------------------------------------------
+    def update(self, output: SchedulerOutput, sampled: dict[str, list[int]]) -> list[Request]:
+        changed: list[Request] = []
+        for row in output.rows:
+            req = self.requests.get(row.request_id)
+            if req is None or req.status != RequestStatus.RUNNING:
+                continue
+            if req.num_computed_tokens != row.start_pos:
+                raise ValueError(f"stale SchedulerOutput for {row.request_id!r}: expected "
+                                 f"start_pos {req.num_computed_tokens}, got {row.start_pos}")
+            req.num_computed_tokens = row.start_pos + len(row.token_ids)
+            if self.enable_prefix_caching:
+                self._register(req)
+            if row.num_samples == 0:
+                continue
+            tokens = list(sampled.get(row.request_id, ()))
+            if not 1 <= len(tokens) <= row.num_samples:
+                raise ValueError(f"request {row.request_id!r}: expected {row.num_samples} "
+                                 f"sampled token(s), got {len(tokens)}")
+            family = [req] + self._fork_children(req, len(tokens) - 1)
+            for member, token in zip(family, tokens):
+                member.append_output_token(token)
+                if member.check_stop(min(member.max_model_len, self.max_seq_len)):
+                    self._release(member)
+                changed.append(member)
+        if any(r.is_finished for r in changed):
+            self.running = [r for r in self.running if not r.is_finished]
+        return changed
+
+    def _register(self, req: Request) -> None:
+        full = min(req.num_computed_tokens // self.page_size, len(req.page_ids))
+        if full > req.num_registered_pages:
+            self.pool.register(req.page_ids, req.all_token_ids, req.num_computed_tokens,
+                               req.cache_salt, block_hashes=req.block_hashes,
+                               start_page=req.num_registered_pages)
+            req.num_registered_pages = full
+
+    def _fork_children(self, parent: Request, count: int) -> list[Request]:
+        children = []
+        for i in range(1, count + 1):
+            child_id = f"{parent.request_id}-{i}"
+            k = 1
+            while child_id in self.requests:
+                child_id, k = f"{parent.request_id}-{i}.{k}", k + 1
+            child = parent.fork(child_id, sample_index=i)
+            child.page_ids = self.pool.fork(parent.page_ids)
+            child.status = RequestStatus.RUNNING
+            self.requests[child_id] = child
+            self.running.append(child)
+            children.append(child)
+        return children
+
+    # ---- introspection -----------------------------------------------------
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running) or len(self.waiting) > 0
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.running) + len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def stats(self) -> PoolStats:
+        return self.pool.stats()
+
+    def kv_waste(self) -> float:
+        """Allocated-but-unfilled slots / allocated slots over running requests.
+
+        A page shared by several tables counts once, filled as far as its
+        fullest owner has computed.
+        """
+        ps, fill = self.page_size, {}
+        for req in self.running:
+            for j, page in enumerate(req.page_ids):
+                filled = min(ps, max(0, req.num_computed_tokens - j * ps))
+                fill[page] = max(fill.get(page, 0), filled)
+        if not fill:
+            return 0.0
+        return 1.0 - sum(fill.values()) / (len(fill) * ps)
