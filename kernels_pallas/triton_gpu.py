@@ -1,0 +1,349 @@
+"""Ragged paged attention as a Pallas kernel lowered through Triton (GPU).
+
+Same contract as ``reference.py`` (q [T, Hq, D], kv_pages [N, ps, 2*Hkv, D]
+with K/V interleaved on axis 2, kv_lens, page_table, cu_q_lens, num_seqs,
+optional per-token-per-head ``kv_scales`` for int8 / fp8 caches).
+
+Design
+------
+Query tiles. The batch is cut, in jnp, into *query tiles*: runs of at most
+``BQ`` consecutive query rows of one sequence (a decode row is a tile by
+itself when ``max_q_len == 1``). The tile table (first flat row, row count,
+position of the first row, kv length, sequence id) is computed from
+``cu_q_lens`` with a static tile count (``T`` for decode, else
+``ceil(T / BQ) + S``, as the reference does) and handed to the kernel as
+plain int32 arrays that each program reads as scalars. Tiles past the last
+valid sequence have zero rows and do no work.
+
+GQA. ``q`` is transposed in jnp to ``[Hkv, T*G, D]`` (G = Hq/Hkv), so the
+``BQ*G`` query rows of a tile for one KV head are contiguous: row
+``r = i*G + g`` is query ``i`` of the tile, head ``g`` of the group. One
+program handles all G heads of its KV head, so each K/V row is read once per
+tile; the ``M = next_pow2(max(BQ*G, 16))`` rows are one ``tl.dot`` operand.
+
+Grid ``(num_tiles, Hkv, kv_splits)`` (flash-decoding). The key range a tile
+needs (``[max(0, first_pos - window + 1), min(kv_len, last_pos + 1))``) is cut
+into ``BK``-token blocks, and those blocks are split evenly over the
+``kv_splits`` programs of the third grid axis, so a handful of long decode
+sequences still fills all SMs. ``kv_splits`` is static (auto: enough
+programs for ~2 waves on a 132-SM GPU, at most one per block of the longest
+possible context, at most 16). With one split the kernel normalises and
+writes the output directly; with several it writes partial
+``(acc, m, l)`` in f32 and a jnp step combines them (log-sum-exp merge).
+
+K/V blocks are gathered token by token: the kernel computes each key's page
+from the page table (a vector load), then the flat row
+``(page*ps + slot)*2*Hkv + 2*h`` (K) / ``+1`` (V) of the pool viewed as
+``[N*ps*2*Hkv, D]`` and loads a ``[BK, D]`` tile with a masked gather (each
+row is D contiguous elements, coalesced). Keys outside the context are masked
+at load time (``other=0``), so NaN garbage in unused pages is never read.
+Any page size works (it is not a block dimension).
+
+Quantized caches: K and V are cast to the compute dtype (that of q) before
+the dots; the K scale multiplies the logits' columns and the V scale the
+probabilities' columns, which equals dequantising K and V.
+
+Softmax is online in f32 (running max ``m``, sum ``l``, accumulator
+``acc``); masked logits are replaced (not added to) and their probabilities
+forced to 0, so fully masked rows give 0, never NaN.
+
+Native limits (checked, ValueError): head_dim a power of two >= 16 (Triton
+dot); ``interpret=True`` accepts any power of two so CPU tests can stay tiny.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from kernels_pallas.reference import check_args
+
+_NEG = -1e30
+# Programs wanted in flight for a decode step: ~2 waves on an H100/H200.
+_TARGET_PROGRAMS = 264
+_MAX_SPLITS = 16
+
+
+def _compiler_params(num_warps: int, num_stages: int):
+    """Triton compiler params; the class was renamed across JAX versions."""
+    cls = getattr(plgpu, "CompilerParams", None) or getattr(plgpu, "TritonCompilerParams")
+    return cls(num_warps=num_warps, num_stages=num_stages)
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1, x))))
+
+
+def _gpu_load(ref, mask, other):
+    load = getattr(plgpu, "load", None)
+    if load is not None:
+        return load(ref, mask=mask, other=other)
+    return pl.load(ref, (), mask=mask, other=other)  # pragma: no cover (old API)
+
+
+def _gpu_store(ref, val, mask):
+    store = getattr(plgpu, "store", None)
+    if store is not None:
+        return store(ref, val, mask=mask)
+    return pl.store(ref, (), val, mask=mask)  # pragma: no cover (old API)
+
+
+def tile_table(cu_q_lens, kv_lens, num_seqs, num_rows: int, block_q: int, num_tiles: int):
+    """Per query tile: (first flat row, rows, position of first row, kv_len, seq).
+
+    Tiles never cross a sequence boundary; tiles past the valid ones have 0
+    rows. All outputs are i32[num_tiles].
+    """
+    s = kv_lens.shape[0]
+    seq_valid = jnp.arange(s) < num_seqs
+    q_lens = jnp.where(seq_valid, cu_q_lens[1:] - cu_q_lens[:-1], 0)
+    tiles_per_seq = (q_lens + block_q - 1) // block_q
+    cu_tiles = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(tiles_per_seq)])
+    idx = jnp.arange(num_tiles, dtype=jnp.int32)
+    seq = jnp.clip(jnp.searchsorted(cu_tiles, idx, side="right") - 1, 0, s - 1).astype(jnp.int32)
+    valid = idx < cu_tiles[-1]
+    local0 = (idx - cu_tiles[seq]) * block_q  # first query index inside the sequence
+    row0 = cu_q_lens[seq] + local0
+    nrows = jnp.where(valid, jnp.minimum(block_q, q_lens[seq] - local0), 0)
+    kv_len = kv_lens[seq]
+    pos0 = kv_len - q_lens[seq] + local0
+    row0 = jnp.where(valid, row0, 0)
+    as32 = lambda a: a.astype(jnp.int32)
+    return as32(row0), as32(nrows), as32(pos0), as32(kv_len), seq
+
+
+def _kernel(
+    # scalar tables
+    row0_ref, nrows_ref, pos0_ref, kvlen_ref, seq_ref, pt_ref,
+    # tensors
+    q_ref, kv_ref, *rest,
+    quantized: bool, g: int, m_rows: int, block_k: int, page_size: int,
+    pages_per_seq: int, two_h: int, sm_scale: float, soft_cap, window,
+    splits: int, compute_dtype, precision,
+):
+    if quantized:
+        sc_ref, *outs = rest
+    else:
+        sc_ref, outs = None, list(rest)
+    t = pl.program_id(0)
+    h = pl.program_id(1)
+    sp = pl.program_id(2)
+
+    row0 = row0_ref[t]
+    nrows = nrows_ref[t]
+    pos0 = pos0_ref[t]
+    kv_len = kvlen_ref[t]
+    seq = seq_ref[t]
+
+    r = jnp.arange(m_rows, dtype=jnp.int32)
+    qi = r // g
+    row_ok = qi < nrows
+    q_pos = pos0 + qi  # [M]
+    d = q_ref.shape[-1]
+    q = _gpu_load(q_ref.at[h, pl.ds(row0 * g, m_rows), :], row_ok[:, None], 0.0)
+    q = q.astype(compute_dtype)
+
+    # Keys this tile can see, as a block range, then this split's share.
+    hi = jnp.minimum(jnp.minimum(kv_len, pos0 + nrows), pages_per_seq * page_size)
+    lo = 0 if window is None else jnp.maximum(pos0 - window + 1, 0)
+    b_lo = lo // block_k
+    b_hi = jnp.where(nrows > 0, (hi + block_k - 1) // block_k, b_lo)
+    nblk = jnp.maximum(b_hi - b_lo, 0)
+    per = (nblk + splits - 1) // splits
+    b_start = b_lo + sp * per
+    b_end = jnp.minimum(b_start + per, b_hi)
+
+    kk = jnp.arange(block_k, dtype=jnp.int32)
+    # Gathers index with arrays on every axis (what both Triton and the
+    # interpreter accept): [BK, 1] rows x [1, D] columns.
+    dcol = jnp.arange(d, dtype=jnp.int32)
+
+    def body(b, carry):
+        acc, m_i, l_i = carry
+        k_pos = b * block_k + kk  # [BK]
+        k_ok = (k_pos < hi) & (k_pos >= lo)
+        page = _gpu_load(pt_ref.at[seq * pages_per_seq + k_pos // page_size], k_ok, 0)
+        krow = (page * page_size + k_pos % page_size) * two_h + 2 * h
+        # No ``other``: Triton cannot splat an int fill into fp8; masked keys
+        # are dropped from the logits below and zeroed in V.
+        k = _gpu_load(kv_ref.at[krow[:, None], dcol[None, :]], k_ok[:, None], None)
+        k = k.astype(compute_dtype)
+        s = lax.dot_general(q, k, (((1,), (1,)), ((), ())),
+                            preferred_element_type=jnp.float32, precision=precision)
+        if quantized:
+            k_sc = _gpu_load(sc_ref.at[krow], k_ok, 0.0)
+            s = s * (k_sc[None, :] * sm_scale)
+        else:
+            s = s * sm_scale
+        if soft_cap is not None:
+            s = soft_cap * jnp.tanh(s / soft_cap)
+        mask = k_ok[None, :] & (k_pos[None, :] <= q_pos[:, None]) & row_ok[:, None]
+        if window is not None:
+            mask = mask & (k_pos[None, :] > q_pos[:, None] - window)
+        s = jnp.where(mask, s, _NEG)
+        m_new = jnp.maximum(m_i, jnp.max(s, axis=1))
+        alpha = jnp.exp(m_i - m_new)
+        p = jnp.where(mask, jnp.exp(s - m_new[:, None]), 0.0)
+        l_new = l_i * alpha + jnp.sum(p, axis=1)
+        v = _gpu_load(kv_ref.at[krow[:, None] + 1, dcol[None, :]], k_ok[:, None], None)
+        v = jnp.where(k_ok[:, None], v.astype(compute_dtype), jnp.zeros((), compute_dtype))
+        if quantized:
+            v_sc = _gpu_load(sc_ref.at[krow + 1], k_ok, 0.0)
+            p = p * v_sc[None, :]
+        pv = lax.dot_general(p.astype(compute_dtype), v, (((1,), (0,)), ((), ())),
+                             preferred_element_type=jnp.float32, precision=precision)
+        return acc * alpha[:, None] + pv, m_new, l_new
+
+    acc = jnp.zeros((m_rows, d), jnp.float32)
+    m_i = jnp.full((m_rows,), _NEG, jnp.float32)
+    l_i = jnp.zeros((m_rows,), jnp.float32)
+    acc, m_i, l_i = lax.fori_loop(b_start, b_end, body, (acc, m_i, l_i))
+
+    rows = pl.ds(row0 * g, m_rows)
+    if splits == 1:
+        (o_ref,) = outs
+        out = acc / jnp.where(l_i > 0, l_i, 1.0)[:, None]
+        _gpu_store(o_ref.at[h, rows, :], out.astype(o_ref.dtype), row_ok[:, None])
+    else:
+        o_ref, m_ref, l_ref = outs
+        _gpu_store(o_ref.at[sp, h, rows, :], acc, row_ok[:, None])
+        _gpu_store(m_ref.at[sp, h, rows], m_i, row_ok)
+        _gpu_store(l_ref.at[sp, h, rows], l_i, row_ok)
+
+
+def _check_kernel_args(q, kv_pages, interpret: bool) -> None:
+    d = q.shape[-1]
+    if d & (d - 1):
+        raise ValueError(f"head_dim: the Triton kernel needs a power of two, got {d}")
+    if not interpret and d < 16:
+        raise ValueError(f"head_dim: the Triton kernel needs head_dim >= 16 natively, got {d}")
+    if jnp.dtype(q.dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16),
+                                  jnp.dtype(jnp.float16)):
+        raise ValueError(f"q: dtype must be float32, bfloat16 or float16, got {q.dtype}")
+    if jnp.dtype(kv_pages.dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16),
+                                         jnp.dtype(jnp.float16), jnp.dtype(jnp.int8),
+                                         jnp.dtype(jnp.float8_e4m3fn)):
+        raise ValueError(f"kv_pages: unsupported dtype {kv_pages.dtype}")
+
+
+def plan(t: int, s: int, hq: int, hkv: int, d: int, page_size: int, pages_per_seq: int,
+         max_q_len: int | None, block_q=None, block_k=None, kv_splits=None):
+    """Static block sizes: (BQ, M, BK, num_tiles, kv_splits)."""
+    g = hq // hkv
+    if block_q is None:
+        bound = t if max_q_len is None else min(max_q_len, t)
+        block_q = 1 if bound <= 1 else max(1, min(bound, 64 // g))
+    m_rows = _next_pow2(max(block_q * g, 16))
+    num_tiles = t if block_q == 1 else min(t, -(-t // block_q) + s)
+    num_tiles = max(num_tiles, 1)
+    ctx = pages_per_seq * page_size
+    if block_k is None:
+        block_k = 64 if d <= 128 else 32
+        block_k = max(16, min(block_k, _next_pow2(ctx)))
+    if kv_splits is None:
+        want = -(-_TARGET_PROGRAMS // (num_tiles * hkv))
+        kv_splits = max(1, min(want, -(-ctx // block_k), _MAX_SPLITS))
+    return block_q, m_rows, block_k, num_tiles, kv_splits
+
+
+def ragged_paged_attention(
+    q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, *,
+    sm_scale: float, sliding_window: int | None = None, soft_cap: float | None = None,
+    kv_scales=None, max_q_len: int | None = None, interpret: bool = False,
+    block_q: int | None = None, block_k: int | None = None, kv_splits: int | None = None,
+    num_warps: int | None = None, num_stages: int = 2,
+):
+    """Triton-lowered ragged paged attention (contract: ``reference.py``)."""
+    check_args(q, kv_pages, kv_lens, page_table, cu_q_lens, kv_scales)
+    _check_kernel_args(q, kv_pages, bool(interpret))
+    if kv_scales is not None and jnp.dtype(kv_scales.dtype) != jnp.dtype(jnp.float32):
+        raise ValueError(f"kv_scales: expected float32, got {kv_scales.dtype}")
+    if sliding_window is not None and int(sliding_window) < 1:
+        raise ValueError(f"sliding_window: must be >= 1, got {sliding_window}")
+    if soft_cap is not None and float(soft_cap) <= 0:
+        raise ValueError(f"soft_cap: must be > 0, got {soft_cap}")
+    t, hq, d = q.shape
+    n, page_size, two_h, _ = kv_pages.shape
+    hkv = two_h // 2
+    g = hq // hkv
+    s, p = page_table.shape
+    bq, m_rows, bk, num_tiles, splits = plan(
+        t, s, hq, hkv, d, page_size, p, max_q_len, block_q, block_k, kv_splits)
+    if num_warps is None:
+        num_warps = 4 if m_rows <= 64 else 8
+    return _run(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, kv_scales,
+                sm_scale=float(sm_scale),
+                sliding_window=None if sliding_window is None else int(sliding_window),
+                soft_cap=None if soft_cap is None else float(soft_cap),
+                interpret=bool(interpret), bq=bq, m_rows=m_rows, bk=bk,
+                num_tiles=num_tiles, splits=splits, num_warps=num_warps,
+                num_stages=num_stages)
+
+
+@functools.partial(jax.jit, static_argnames=(
+    "sm_scale", "sliding_window", "soft_cap", "interpret", "bq", "m_rows", "bk",
+    "num_tiles", "splits", "num_warps", "num_stages"))
+def _run(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, kv_scales, *,
+         sm_scale, sliding_window, soft_cap, interpret, bq, m_rows, bk, num_tiles,
+         splits, num_warps, num_stages):
+    t, hq, d = q.shape
+    n, page_size, two_h, _ = kv_pages.shape
+    hkv = two_h // 2
+    g = hq // hkv
+    s, p = page_table.shape
+    num_seqs = jnp.reshape(num_seqs, ()).astype(jnp.int32)
+    kv_lens = kv_lens.astype(jnp.int32)
+    cu_q_lens = cu_q_lens.astype(jnp.int32)
+    row0, nrows, pos0, kvlen, seq = tile_table(cu_q_lens, kv_lens, num_seqs, t, bq, num_tiles)
+
+    # [T, Hq, D] -> [Hkv, T*G, D]; padded at the end so a tile's M-row window
+    # never leaves the array (rows past the tile are masked anyway).
+    qh = q.reshape(t, hkv, g, d).transpose(1, 0, 2, 3).reshape(hkv, t * g, d)
+    rows_pad = t * g + m_rows
+    qh = jnp.pad(qh, ((0, 0), (0, m_rows), (0, 0)))
+    kv_flat = kv_pages.reshape(n * page_size * two_h, d)
+    quantized = kv_scales is not None
+    compute_dtype = jnp.float32 if q.dtype == jnp.float32 else q.dtype
+    precision = lax.Precision.HIGHEST if compute_dtype == jnp.float32 else None
+
+    kernel = functools.partial(
+        _kernel, quantized=quantized, g=g, m_rows=m_rows, block_k=bk,
+        page_size=page_size, pages_per_seq=p, two_h=two_h, sm_scale=sm_scale,
+        soft_cap=soft_cap, window=sliding_window, splits=splits,
+        compute_dtype=compute_dtype, precision=precision)
+    inputs = [row0, nrows, pos0, kvlen, seq, page_table.astype(jnp.int32).reshape(-1), qh, kv_flat]
+    if quantized:
+        inputs.append(kv_scales.reshape(-1))
+    if splits == 1:
+        out_shape = [jax.ShapeDtypeStruct((hkv, rows_pad, d), q.dtype)]
+    else:
+        out_shape = [jax.ShapeDtypeStruct((splits, hkv, rows_pad, d), jnp.float32),
+                     jax.ShapeDtypeStruct((splits, hkv, rows_pad), jnp.float32),
+                     jax.ShapeDtypeStruct((splits, hkv, rows_pad), jnp.float32)]
+    outs = pl.pallas_call(
+        kernel,
+        grid=(num_tiles, hkv, splits),
+        out_shape=out_shape,
+        interpret=interpret,
+        compiler_params=_compiler_params(num_warps, num_stages),
+        name=f"ragged_paged_attention_m{m_rows}_k{bk}_s{splits}",
+    )(*inputs)
+
+    if splits == 1:
+        o = outs[0][:, : t * g].astype(jnp.float32)
+    else:
+        o_part, m_part, l_part = (a[:, :, : t * g] for a in outs)
+        m_max = jnp.max(m_part, axis=0)
+        w = jnp.exp(m_part - m_max[None])  # splits with no keys have m = -1e30 -> 0
+        l_tot = jnp.sum(w * l_part, axis=0)
+        o = jnp.sum(w[..., None] * o_part, axis=0) / jnp.where(l_tot > 0, l_tot, 1.0)[..., None]
+    o = o.reshape(hkv, t, g, d).transpose(1, 0, 2, 3).reshape(t, hq, d)
+    # Rows past cu_q_lens[num_seqs] belong to no tile: the kernel never wrote them.
+    valid = jnp.arange(t) < cu_q_lens[num_seqs]
+    return jnp.where(valid[:, None, None], o, 0.0).astype(q.dtype)
