@@ -1,0 +1,270 @@
+"""Building blocks shared by the model files: norms, rotary, MLPs, paged attention.
+
+Pure functions of arrays. Parameter layouts (``kernel`` is always [in, ...out]):
+
+    qkv_proj.kernel  [H, Hkv, G+2, D]   fused q/k/v, grouped by KV head: slot
+                                        g < G of group k is query head k*G+g,
+                                        slot G its key, slot G+1 its value
+    qkv_proj.bias    [Hkv, G+2, D]      (Qwen2, GPT-2, OPT)
+    o_proj.kernel    [Hq*D, H]
+    gate_up.kernel   [H, 2, I]          gated MLP: [:, 0] gate, [:, 1] up
+    down.kernel      [I, H]
+
+Grouping q/k/v by KV head makes the projection one matmul and keeps
+tensor-parallel sharding trivial: splitting axis 1 of ``qkv_proj`` (and axis 0
+of ``o_proj``, axis 2 of ``gate_up``, axis 0 of ``down``) into N parts gives
+each device whole heads, matching the KV pool split by KV head.
+
+Norms and softmax statistics are computed in float32; matmuls run in the
+parameter dtype (float32 on CPU).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import kernels_pallas
+from models.base import AttentionMetadata
+
+Params = dict
+
+
+# ----------------------------------------------------------------------------- norms
+
+
+def rms_norm(
+    x: jax.Array,  # [T, H] (or [..., H])
+    weight: jax.Array,  # [H]
+    eps: float,
+    *,
+    add_unit_offset: bool = False,  # Gemma: scale by (1 + weight)
+) -> jax.Array:  # [..., H], x.dtype
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    w = weight.astype(jnp.float32)
+    if add_unit_offset:
+        w = 1.0 + w
+    return (xf * w).astype(x.dtype)
+
+
+def layer_norm(
+    x: jax.Array,  # [..., H]
+    weight: jax.Array | None,  # [H]
+    bias: jax.Array | None,  # [H]
+    eps: float,
+) -> jax.Array:  # [..., H], x.dtype
+    xf = x.astype(jnp.float32)
+    mean = jnp.mean(xf, axis=-1, keepdims=True)
+    xc = xf - mean
+    var = jnp.mean(xc * xc, axis=-1, keepdims=True)
+    y = xc * jax.lax.rsqrt(var + eps)
+    if weight is not None:
+        y = y * weight.astype(jnp.float32)
+    if bias is not None:
+        y = y + bias.astype(jnp.float32)
+    return y.astype(x.dtype)
+
+
+# ----------------------------------------------------------------------------- rotary
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> np.ndarray:
+    """Inverse frequencies f32[D/2] for neox-style rotary, with HF rope scaling.
+
+    Supported ``scaling["rope_type"]``: default, linear, llama3.
+    """
+    inv = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if kind == "default":
+        pass
+    elif kind == "linear":
+        inv = inv / float(scaling["factor"])
+    elif kind == "llama3":
+        factor = float(scaling["factor"])
+        lo = float(scaling.get("low_freq_factor", 1.0))
+        hi = float(scaling.get("high_freq_factor", 4.0))
+        old_len = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        smooth = (old_len / wavelen - lo) / (hi - lo)
+        scaled = np.where(wavelen > old_len / lo, inv / factor, inv)
+        mid = (wavelen <= old_len / lo) & (wavelen >= old_len / hi)
+        inv = np.where(mid, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
+    else:
+        raise ValueError(
+            f"rope_scaling: rope_type {kind!r} is not supported (supported: default, linear, llama3)"
+        )
+    return inv.astype(np.float32)
+
+
+def rope_cos_sin(
+    positions: jax.Array,  # i32[T]
+    inv_freq: np.ndarray,  # f32[D/2]
+    dtype,
+) -> tuple[jax.Array, jax.Array]:  # cos, sin [T, D/2]
+    angles = positions.astype(jnp.float32)[:, None] * jnp.asarray(inv_freq)[None, :]
+    return jnp.cos(angles).astype(dtype), jnp.sin(angles).astype(dtype)
+
+
+def apply_rotary(
+    x: jax.Array,  # [T, ..., D]
+    cos: jax.Array,  # [T, D/2]
+    sin: jax.Array,  # [T, D/2]
+) -> jax.Array:  # [T, ..., D]
+    """Neox-style rotary: rotate the two halves of the head dimension."""
+    half = x.shape[-1] // 2
+    shape = (cos.shape[0],) + (1,) * (x.ndim - 2) + (half,)
+    c, s = cos.reshape(shape), sin.reshape(shape)
+    x1, x2 = x[..., :half], x[..., half:]
+    return jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+# ----------------------------------------------------------------------------- MLPs
+
+ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "silu": jax.nn.silu,
+    "swish": jax.nn.silu,
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu_fast": lambda x: jax.nn.gelu(x, approximate=True),
+    "relu": jax.nn.relu,
+}
+
+
+def activation(name: str) -> Callable[[jax.Array], jax.Array]:
+    if name not in ACTIVATIONS:
+        raise ValueError(
+            f"hidden_act: {name!r} is not supported (supported: {sorted(ACTIVATIONS)})"
+        )
+    return ACTIVATIONS[name]
+
+
+def dense(
+    p: Params,  # {"kernel": [In, Out], "bias"?: [Out]}
+    x: jax.Array,  # [T, In]
+) -> jax.Array:  # [T, Out]
+    y = jnp.einsum("ti,io->to", x, p["kernel"])
+    if "bias" in p:
+        y = y + p["bias"]
+    return y
+
+
+def gated_mlp(
+    p: Params,  # {"gate_up": {"kernel": [H, 2, I]}, "down": {"kernel": [I, H]}}
+    x: jax.Array,  # [T, H]
+    act: Callable[[jax.Array], jax.Array],
+) -> jax.Array:  # [T, H]
+    gu = jnp.einsum("th,hci->tci", x, p["gate_up"]["kernel"])  # [T, 2, I]
+    return dense(p["down"], act(gu[:, 0]) * gu[:, 1])
+
+
+def plain_mlp(
+    p: Params,  # {"fc1": {"kernel": [H, I], "bias": [I]}, "fc2": {"kernel": [I, H], ...}}
+    x: jax.Array,  # [T, H]
+    act: Callable[[jax.Array], jax.Array],
+) -> jax.Array:  # [T, H]
+    return dense(p["fc2"], act(dense(p["fc1"], x)))
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+def qkv_projection(
+    p: Params,  # {"kernel": [H, Hkv, G+2, D], "bias"?: [Hkv, G+2, D]}
+    x: jax.Array,  # [T, H]
+) -> tuple[jax.Array, jax.Array, jax.Array]:  # q [T, Hkv, G, D], k, v [T, Hkv, D]
+    y = jnp.einsum("th,hkgd->tkgd", x, p["kernel"])
+    if "bias" in p:
+        y = y + p["bias"]
+    g = y.shape[2] - 2
+    return y[:, :, :g], y[:, :, g], y[:, :, g + 1]
+
+
+def paged_attention(
+    p: Params,  # {"qkv_proj": ..., "o_proj": {"kernel": [Hq*D, H], "bias"?: [H]}}
+    x: jax.Array,  # [T, H] (already normed)
+    cache: tuple[jax.Array, jax.Array | None],  # pages [N, page_size, 2*Hkv, D], scales
+    meta: AttentionMetadata,
+    *,
+    sm_scale: float,
+    rope: tuple[jax.Array, jax.Array] | None = None,  # cos, sin [T, D/2]
+    qk_norm: Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]] | None = None,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array | None]]:  # out [T, H], cache
+    """Project q/k/v, rotate, write K/V to the pool, attend, project out."""
+    t = x.shape[0]
+    q, k, v = qkv_projection(p["qkv_proj"], x)  # [T, Hkv, G, D], [T, Hkv, D] x2
+    if qk_norm is not None:
+        q, k = qk_norm(q, k)
+    if rope is not None:
+        q = apply_rotary(q, *rope)
+        k = apply_rotary(k, *rope)
+    pages, scales = cache
+    pages, scales = kernels_pallas.write_kv(pages, scales, k, v, meta.slot_mapping)
+    hkv, g, d = q.shape[1:]
+    out = kernels_pallas.ragged_paged_attention(
+        q.reshape(t, hkv * g, d),
+        pages,
+        meta.kv_lens,
+        meta.page_table,
+        meta.cu_q_lens,
+        meta.num_seqs,
+        sm_scale=sm_scale,
+        sliding_window=sliding_window,
+        soft_cap=soft_cap,
+        kv_scales=scales,
+        max_q_len=meta.max_q_len,
+        backend=meta.attn_backend,
+    )  # [T, Hq, D]
+    return dense(p["o_proj"], out.reshape(t, hkv * g * d)), (pages, scales)
+
+
+# ----------------------------------------------------------------------------- weight packing
+# numpy helpers the loaders use to turn HF tensors ([out, in] Linear weights)
+# into the layouts above.
+
+
+def pack_qkv(
+    q: np.ndarray,  # [Hq*D, H]   HF Linear layout ([out, in])
+    k: np.ndarray,  # [Hkv*D, H]
+    v: np.ndarray,  # [Hkv*D, H]
+    num_kv_heads: int,
+    head_dim: int,
+) -> np.ndarray:  # [H, Hkv, G+2, D]
+    h = q.shape[1]
+    g = q.shape[0] // (num_kv_heads * head_dim)
+    qg = q.reshape(num_kv_heads, g, head_dim, h)
+    kg = k.reshape(num_kv_heads, 1, head_dim, h)
+    vg = v.reshape(num_kv_heads, 1, head_dim, h)
+    return np.ascontiguousarray(np.concatenate([qg, kg, vg], axis=1).transpose(3, 0, 1, 2))
+
+
+def pack_qkv_bias(
+    q: np.ndarray,  # [Hq*D]
+    k: np.ndarray,  # [Hkv*D]
+    v: np.ndarray,  # [Hkv*D]
+    num_kv_heads: int,
+    head_dim: int,
+) -> np.ndarray:  # [Hkv, G+2, D]
+    g = q.shape[0] // (num_kv_heads * head_dim)
+    return np.concatenate(
+        [
+            q.reshape(num_kv_heads, g, head_dim),
+            k.reshape(num_kv_heads, 1, head_dim),
+            v.reshape(num_kv_heads, 1, head_dim),
+        ],
+        axis=1,
+    )
+
+
+def pack_gate_up(
+    gate: np.ndarray,  # [I, H]  HF Linear layout
+    up: np.ndarray,  # [I, H]
+) -> np.ndarray:  # [H, 2, I]
+    return np.ascontiguousarray(np.stack([gate.T, up.T], axis=1))

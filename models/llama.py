@@ -1,0 +1,141 @@
+"""Llama family: LlamaForCausalLM (SmolLM2, TinyLlama, Vicuna) and MistralForCausalLM.
+
+Parameter tree (see ``layers.py`` for the fused layouts):
+
+    embed_tokens.embedding                 [V, H]
+    layers[i].input_layernorm.scale        [H]
+    layers[i].attn.qkv_proj.kernel         [H, Hkv, G+2, D]   (.bias with attention_bias)
+    layers[i].attn.o_proj.kernel           [Hq*D, H]
+    layers[i].post_attention_layernorm.scale [H]
+    layers[i].mlp.gate_up.kernel           [H, 2, I]
+    layers[i].mlp.down.kernel              [I, H]
+    norm.scale                             [H]
+    lm_head.kernel                         [H, V]   (absent when embeddings are tied)
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from models import layers as L
+from models.base import AttentionMetadata
+from models.common import CausalLM, GetTensor
+
+
+class LlamaForCausalLM(CausalLM):
+    architecture = "LlamaForCausalLM"
+    default_qkv_bias = False
+    default_tie_word_embeddings = False
+
+    def __init__(self, config: dict, dtype=jnp.float32, eos_token_ids=None):
+        super().__init__(config, dtype, eos_token_ids)
+        c = self.cfg
+        self.hidden_size = int(c.require("hidden_size"))
+        self.num_layers = int(c.require("num_hidden_layers"))
+        self.num_heads = int(c.require("num_attention_heads"))
+        self.num_kv_heads = int(c.get("num_key_value_heads", self.num_heads))
+        if self.num_heads % self.num_kv_heads:
+            raise c.unsupported("num_key_value_heads", self.num_kv_heads,
+                                f"must divide num_attention_heads={self.num_heads}")
+        self.head_dim = int(c.get("head_dim", self.hidden_size // self.num_heads))
+        self.intermediate_size = int(c.require("intermediate_size"))
+        self.eps = float(c.get("rms_norm_eps", 1e-6))
+        self.act = L.activation(c.get("hidden_act", "silu"))
+        self.qkv_bias = bool(c.get("attention_bias", self.default_qkv_bias))
+        self.o_bias = bool(c.get("attention_bias", False))
+        if c.get("mlp_bias", False):
+            raise c.unsupported("mlp_bias", True, "only mlp_bias=false")
+        theta, scaling = c.rope()
+        self.inv_freq = L.rope_inv_freq(self.head_dim, theta, scaling)
+        self.sliding_windows = self._sliding_windows()
+        self.sm_scale = self.head_dim**-0.5
+        self.info = self._make_info(
+            num_layers=self.num_layers, num_q_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+            hidden_size=self.hidden_size, vocab_size=c.require("vocab_size"),
+            max_model_len=c.get("max_position_embeddings", 2048),
+        )
+
+    def _sliding_windows(self) -> tuple[int | None, ...]:
+        """Per-layer sliding window from ``layer_types`` (None = full attention)."""
+        window = self.cfg.get("sliding_window")
+        types = self.config.get("layer_types")
+        if not types or window is None:
+            return (None,) * self.num_layers
+        return tuple(int(window) if t == "sliding_attention" else None for t in types)
+
+    # -- forward ------------------------------------------------------------------
+
+    def forward(
+        self,
+        params: dict,
+        kv_caches: tuple,  # per layer (pages [N, page_size, 2*Hkv, D], scales | None)
+        token_ids: jax.Array,  # i32[T]
+        meta: AttentionMetadata,
+    ) -> tuple[jax.Array, tuple]:  # hidden [T, H] (after the final norm), kv_caches
+        self._check_kv_caches(kv_caches)
+        x = jnp.take(params["embed_tokens"]["embedding"], token_ids, axis=0)  # [T, H]
+        rope = L.rope_cos_sin(meta.positions, self.inv_freq, x.dtype)
+        new_caches = []
+        for i, lp in enumerate(params["layers"]):
+            h = L.rms_norm(x, lp["input_layernorm"]["scale"], self.eps)
+            a, cache = L.paged_attention(
+                lp["attn"], h, kv_caches[i], meta, sm_scale=self.sm_scale, rope=rope,
+                sliding_window=self.sliding_windows[i],
+            )
+            new_caches.append(cache)
+            x = x + a
+            h = L.rms_norm(x, lp["post_attention_layernorm"]["scale"], self.eps)
+            x = x + L.gated_mlp(lp["mlp"], h, self.act)
+        return L.rms_norm(x, params["norm"]["scale"], self.eps), tuple(new_caches)
+
+    # -- weights ------------------------------------------------------------------
+
+    def params_from_hf(self, get: GetTensor) -> dict:
+        hkv, d = self.num_kv_heads, self.head_dim
+        layers = []
+        for i in range(self.num_layers):
+            pre = f"model.layers.{i}."
+            att = pre + "self_attn."
+            attn = {
+                "qkv_proj": {
+                    "kernel": L.pack_qkv(get(att + "q_proj.weight"), get(att + "k_proj.weight"),
+                                         get(att + "v_proj.weight"), hkv, d)
+                },
+                "o_proj": {"kernel": get(att + "o_proj.weight").T},
+            }
+            if self.qkv_bias:
+                attn["qkv_proj"]["bias"] = L.pack_qkv_bias(
+                    get(att + "q_proj.bias"), get(att + "k_proj.bias"), get(att + "v_proj.bias"),
+                    hkv, d)
+            if self.o_bias:
+                attn["o_proj"]["bias"] = get(att + "o_proj.bias")
+            layers.append({
+                "input_layernorm": {"scale": get(pre + "input_layernorm.weight")},
+                "attn": attn,
+                "post_attention_layernorm": {"scale": get(pre + "post_attention_layernorm.weight")},
+                "mlp": {
+                    "gate_up": {"kernel": L.pack_gate_up(get(pre + "mlp.gate_proj.weight"),
+                                                         get(pre + "mlp.up_proj.weight"))},
+                    "down": {"kernel": get(pre + "mlp.down_proj.weight").T},
+                },
+            })
+        params = {
+            "embed_tokens": {"embedding": get("model.embed_tokens.weight")},
+            "layers": layers,
+            "norm": {"scale": get("model.norm.weight")},
+        }
+        return self._lm_head_from_hf(get, params)
+
+
+class MistralForCausalLM(LlamaForCausalLM):
+    """Mistral: Llama plus an optional sliding window on every layer."""
+
+    architecture = "MistralForCausalLM"
+
+    def _sliding_windows(self):
+        window = self.cfg.get("sliding_window")
+        if self.config.get("layer_types"):
+            return super()._sliding_windows()
+        return (None if window is None else int(window),) * self.num_layers

@@ -1,0 +1,290 @@
+"""Checkpoint readers: HF safetensors folders and GGUF files -> HF-named numpy tensors.
+
+Both readers expose the same thing, a :class:`Checkpoint`: an HF-style config
+dict plus ``get(hf_name) -> np.ndarray`` in PyTorch layouts. Each model's
+``params_from_hf`` then packs those into its parameter tree, so one mapping per
+architecture serves both formats. No torch anywhere.
+
+* Safetensors are memory-mapped and parsed here (8-byte header length, JSON
+  header, raw little-endian data); ``bfloat16`` and ``float8`` come from
+  ``ml_dtypes``. Single files and sharded ``model.safetensors.index.json``.
+* GGUF tensors are dequantized with ``gguf.quants.dequantize`` on demand;
+  llama.cpp's rotary permutation of Llama q/k weights is undone; the config is
+  rebuilt from the GGUF metadata.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from typing import Callable
+
+import ml_dtypes
+import numpy as np
+
+_ST_DTYPES = {
+    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
+    "F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2,
+    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
+    "BOOL": np.bool_,
+}
+
+# GGML types gguf.quants.dequantize handles in numpy and that we accept.
+SUPPORTED_GGUF_TYPES = (
+    "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
+    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+)
+
+
+@dataclasses.dataclass
+class Checkpoint:
+    """An HF-style config and HF-named tensors (numpy, PyTorch layouts)."""
+
+    config: dict
+    get: Callable[[str], np.ndarray]
+    names: Callable[[], list[str]]
+    source: str
+
+
+# ----------------------------------------------------------------------------- safetensors
+
+
+def _read_safetensors_header(path: str) -> tuple[dict, int]:
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    return header, 8 + n
+
+
+class _SafetensorsFile:
+    def __init__(self, path: str):
+        self.path = path
+        self.header, self.offset = _read_safetensors_header(path)
+        self.header.pop("__metadata__", None)
+        self._mm = None
+
+    def get(self, name: str) -> np.ndarray:
+        info = self.header[name]
+        if info["dtype"] not in _ST_DTYPES:
+            raise ValueError(f"{self.path}: tensor {name!r} has unsupported dtype {info['dtype']}")
+        if self._mm is None:
+            self._mm = np.memmap(self.path, dtype=np.uint8, mode="r")
+        start, end = info["data_offsets"]
+        raw = self._mm[self.offset + start: self.offset + end]
+        return raw.view(_ST_DTYPES[info["dtype"]]).reshape(info["shape"])
+
+
+def read_safetensors_folder(folder: str) -> dict[str, _SafetensorsFile]:
+    """Tensor name -> the file holding it (single file or sharded index)."""
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            weight_map = json.load(f)["weight_map"]
+        files = {fn: _SafetensorsFile(os.path.join(folder, fn)) for fn in set(weight_map.values())}
+        return {name: files[fn] for name, fn in weight_map.items()}
+    paths = sorted(p for p in os.listdir(folder) if p.endswith(".safetensors"))
+    if not paths:
+        raise FileNotFoundError(
+            f"{folder}: no *.safetensors weights (and no model.safetensors.index.json); "
+            "pagedjax reads HF folders with safetensors weights or .gguf files"
+        )
+    out = {}
+    for p in paths:
+        sf = _SafetensorsFile(os.path.join(folder, p))
+        out.update({name: sf for name in sf.header})
+    return out
+
+
+def _prefixed_lookup(table: dict, name: str):
+    """HF checkpoints differ in the base-model prefix (``transformer.h.0`` vs ``h.0``)."""
+    if name in table:
+        return name
+    head, _, rest = name.partition(".")
+    if head in ("model", "transformer") and rest in table:
+        return rest
+    for prefix in ("model.", "transformer."):
+        if prefix + name in table:
+            return prefix + name
+    return None
+
+
+def load_hf_config(folder: str) -> dict:
+    path = os.path.join(folder, "config.json")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{folder}: no config.json (expected an HF model folder)")
+    with open(path) as f:
+        config = json.load(f)
+    gen = os.path.join(folder, "generation_config.json")
+    if os.path.exists(gen):
+        with open(gen) as f:
+            g = json.load(f)
+        eos = _as_list(config.get("eos_token_id")) + _as_list(g.get("eos_token_id"))
+        if eos:
+            config["eos_token_id"] = list(dict.fromkeys(eos))
+    return config
+
+
+def _as_list(x) -> list[int]:
+    if x is None:
+        return []
+    return [int(x)] if isinstance(x, int) else [int(v) for v in x]
+
+
+def open_hf_folder(folder: str, config: dict | None = None) -> Checkpoint:
+    config = config if config is not None else load_hf_config(folder)
+    table = read_safetensors_folder(folder)
+
+    def get(name: str) -> np.ndarray:
+        key = _prefixed_lookup(table, name)
+        if key is None:
+            raise ValueError(
+                f"{folder}: tensor {name!r} not found in the safetensors checkpoint "
+                f"({len(table)} tensors, e.g. {sorted(table)[:3]})"
+            )
+        return table[key].get(key)
+
+    return Checkpoint(config=config, get=get, names=lambda: list(table), source=folder)
+
+
+# ----------------------------------------------------------------------------- GGUF
+
+_GGUF_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+
+# HF layer-suffix -> GGUF name, for the Llama-style architectures.
+_GGUF_LAYER_NAMES = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+_GGUF_TOP_NAMES = {
+    "model.embed_tokens": "token_embd",
+    "model.norm": "output_norm",
+    "lm_head": "output",
+}
+
+
+def _field(reader, key, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    return f.contents()
+
+
+def hf_to_gguf_name(name: str) -> str:
+    """``model.layers.3.self_attn.q_proj.weight`` -> ``blk.3.attn_q.weight``."""
+    base, _, kind = name.rpartition(".")
+    if base in _GGUF_TOP_NAMES:
+        return f"{_GGUF_TOP_NAMES[base]}.{kind}"
+    parts = base.split(".")
+    if len(parts) >= 4 and parts[0] == "model" and parts[1] == "layers":
+        suffix = ".".join(parts[3:])
+        if suffix in _GGUF_LAYER_NAMES:
+            return f"blk.{parts[2]}.{_GGUF_LAYER_NAMES[suffix]}.{kind}"
+    return name
+
+
+def _unpermute_rotary(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's convert-time permutation of q/k rows (interleaved -> halves)."""
+    half = w.shape[0] // n_head // 2
+    return w.reshape(n_head, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+@functools.lru_cache(maxsize=2)
+def _cached_reader(path: str, mtime_ns: int, size: int):
+    import gguf  # the reader needs only numpy
+
+    return gguf.GGUFReader(path)
+
+
+def gguf_reader(path: str):
+    """A (cached) ``gguf.GGUFReader``: parsing a file's metadata takes seconds, so
+    resolving a model and then loading it parses once."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: GGUF file not found")
+    st = os.stat(path)
+    return _cached_reader(os.path.abspath(path), st.st_mtime_ns, st.st_size)
+
+
+def gguf_config(reader, path: str) -> dict:
+    """An HF-style config dict from GGUF metadata."""
+    arch = _field(reader, "general.architecture")
+    if arch not in _GGUF_ARCHS:
+        raise ValueError(
+            f"{path}: GGUF architecture {arch!r} is not supported "
+            f"(supported: {sorted(_GGUF_ARCHS)})"
+        )
+
+    def req(key):
+        v = _field(reader, f"{arch}.{key}")
+        if v is None:
+            raise ValueError(f"{path}: GGUF metadata field {arch}.{key} is missing")
+        return v
+
+    names = {t.name for t in reader.tensors}
+    heads = int(req("attention.head_count"))
+    hidden = int(req("embedding_length"))
+    tokens = _field(reader, "tokenizer.ggml.tokens") or []
+    config = {
+        "architectures": [_GGUF_ARCHS[arch]],
+        "model_type": arch,
+        "hidden_size": hidden,
+        "intermediate_size": int(req("feed_forward_length")),
+        "num_hidden_layers": int(req("block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(_field(reader, f"{arch}.attention.head_count_kv", heads)),
+        "head_dim": int(_field(reader, f"{arch}.attention.key_length", hidden // heads)),
+        "rms_norm_eps": float(req("attention.layer_norm_rms_epsilon")),
+        "rope_theta": float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        "max_position_embeddings": int(_field(reader, f"{arch}.context_length", 2048)),
+        "vocab_size": int(_field(reader, f"{arch}.vocab_size", len(tokens))),
+        "tie_word_embeddings": "output.weight" not in names,
+        "hidden_act": "silu",
+        "attention_bias": "blk.0.attn_q.bias" in names,
+    }
+    scaling = _field(reader, f"{arch}.rope.scaling.type")
+    if scaling not in (None, "none"):
+        raise ValueError(f"{path}: GGUF {arch}.rope.scaling.type={scaling!r} is not supported")
+    for key, field in (("bos_token_id", "bos_token_id"), ("pad_token_id", "padding_token_id")):
+        v = _field(reader, f"tokenizer.ggml.{field}")
+        if v is not None:
+            config[key] = int(v)
+    eos = [_field(reader, f"tokenizer.ggml.{k}") for k in ("eos_token_id", "eot_token_id")]
+    config["eos_token_id"] = list(dict.fromkeys(int(e) for e in eos if e is not None))
+    return config
+
+
+def open_gguf(path: str) -> Checkpoint:
+    import gguf
+
+    reader = gguf_reader(path)
+    config = gguf_config(reader, path)
+    tensors = {t.name: t for t in reader.tensors}
+    permute = config["model_type"] == "llama"
+
+    def get(name: str) -> np.ndarray:
+        gname = hf_to_gguf_name(name)
+        t = tensors.get(gname)
+        if t is None:
+            raise ValueError(f"{path}: tensor {gname!r} (for {name!r}) not found in the GGUF file")
+        qtype = gguf.GGMLQuantizationType(t.tensor_type)
+        if qtype.name not in SUPPORTED_GGUF_TYPES:
+            raise ValueError(
+                f"{path}: tensor {gname!r} has GGML type {qtype.name}, which pagedjax cannot "
+                f"dequantize (supported: {', '.join(SUPPORTED_GGUF_TYPES)})"
+            )
+        w = np.asarray(gguf.quants.dequantize(t.data, qtype), dtype=np.float32)
+        w = w.reshape(tuple(int(n) for n in reversed(t.shape)))
+        if permute and name.endswith(("q_proj.weight", "k_proj.weight")):
+            n = config["num_attention_heads"] if "q_proj" in name else config["num_key_value_heads"]
+            w = _unpermute_rotary(w, n)
+        return w
+
+    return Checkpoint(config=config, get=get, names=lambda: list(tensors), source=path)

