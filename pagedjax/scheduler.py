@@ -29,8 +29,11 @@ the pages of finished requests.  Finished requests leave the scheduler
 
 Contract with the engine
 * ScheduledRow.page_ids is a snapshot of the full page table.
-* page_copies (src, dst) have distinct dst pages and no dst is a src; apply
-  them together (`kv[:, dst] = kv[:, src]`) before the step.
+* page_copies (src, dst) have distinct dst pages, and no src is the dst of
+  an EARLIER copy, so applying them in order and applying them all at once
+  (`kv.at[:, dst].set(kv[:, src])`, gather before scatter) agree.  A src may
+  be reused later in the list as a dst (its owner was preempted this step).
+  Apply them before the step's K/V writes.
 * sampled[request_id] holds `num_samples` tokens for every row with
   num_samples > 0 (rows with 0 may be omitted).  Rows of requests aborted
   between schedule() and update() are ignored.

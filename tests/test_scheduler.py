@@ -34,7 +34,9 @@ class Harness:
         assert out.num_batched_tokens <= s.max_num_batched_tokens
         assert len(out.rows) <= s.max_num_seqs
         dsts = [d for _, d in out.page_copies]
-        assert len(set(dsts)) == len(dsts) and not set(dsts) & {a for a, _ in out.page_copies}
+        assert len(set(dsts)) == len(dsts)
+        for i, (src, _) in enumerate(out.page_copies):  # in order == all at once
+            assert src not in dsts[:i]
         snapshot = {src: list(self.mem.get(src, [None] * ps)) for src, _ in out.page_copies}
         for src, dst in out.page_copies:
             self.mem[dst] = list(snapshot[src])
@@ -391,26 +393,38 @@ def test_kv_waste_and_counts():
     assert h.s.num_running == 2
 
 
-def test_random_workload_invariants():
-    rng = random.Random(1)
-    for trial in range(3):
-        s = sched(num_pages=rng.randint(8, 20), page_size=rng.choice([2, 4]),
-                  max_num_seqs=rng.randint(1, 6), max_num_batched_tokens=rng.randint(8, 24),
-                  max_model_len=48, enable_prefix_caching=trial != 0,
-                  policy=rng.choice(["fcfs", "priority"]))
-        h = Harness(s)
-        prefix = [rng.randrange(5) for _ in range(8)]
-        for i in range(12):
-            prompt = prefix[:rng.randint(0, 8)] + [rng.randrange(5) for _ in range(rng.randint(1, 10))]
-            s.add_request(req(f"r{i}", prompt, max_tokens=rng.randint(1, 12),
-                              n=rng.choice([1, 1, 2]) if s.max_num_seqs >= 2 else 1,
-                              priority=rng.randrange(3)))
-        for step in range(400):
-            if not s.has_unfinished_requests():
+@pytest.mark.parametrize("seed", range(40))
+def test_random_workload_invariants(seed):
+    """Arrivals, n > 1, engine forks, aborts, stops, preemption, prefix hits, CoW:
+    the KV model and the pool invariants are checked after every step."""
+    rng = random.Random(seed)
+    s = sched(num_pages=rng.randint(6, 20), page_size=rng.choice([1, 2, 4]),
+              max_num_seqs=rng.randint(1, 6), max_num_batched_tokens=rng.randint(4, 24),
+              max_model_len=rng.choice([24, 48]), enable_prefix_caching=rng.random() < 0.7,
+              policy=rng.choice(["fcfs", "priority"]))
+    h = Harness(s)
+    prefix = [rng.randrange(3) for _ in range(8)]
+    added = 0
+    for step in range(600):
+        if rng.random() < 0.3 and added < 15:
+            prompt = prefix[:rng.randint(0, 8)] + [rng.randrange(3) for _ in range(rng.randint(1, 10))]
+            if -(-len(prompt) // s.page_size) <= s.pool.num_usable_pages:
+                s.add_request(req(f"r{added}", prompt, max_tokens=rng.randint(1, 12),
+                                  n=rng.randint(1, min(3, s.max_num_seqs)), eos=(0,),
+                                  priority=rng.randrange(3), min_tokens=rng.randint(0, 2),
+                                  stop_token_ids=[1] if rng.random() < 0.2 else None))
+                added += 1
+        if not s.has_unfinished_requests():
+            if added >= 15:
                 break
-            h.step()
-            if rng.random() < 0.05 and s.requests:
-                s.abort_request(rng.choice(sorted(s.requests)))
-        assert not s.has_unfinished_requests()
-        st = s.stats()
-        assert st.used == 0 and st.free + st.cached == st.total
+            continue
+        if rng.random() < 0.1 and s.running:  # beam-search style fork by the engine
+            r = rng.choice(s.running)
+            if r.output_token_ids and r.num_computed_tokens == r.num_tokens - 1:
+                s.fork_request(r.request_id, f"{r.request_id}b{step}")
+        h.step()
+        if rng.random() < 0.03 and s.requests:
+            s.abort_request(rng.choice(sorted(s.requests)))
+    assert added == 15 and not s.has_unfinished_requests()
+    st = s.stats()
+    assert st.used == 0 and st.free + st.cached == st.total
