@@ -27,6 +27,10 @@ Extra fields beyond the brief, used by the scheduler / page pool:
     block_hashes          prefix-cache hashes of full token blocks (content
                           only, so they survive preemption and forks)
     num_registered_pages  how many leading pages were offered to the cache
+    first_scheduled       set on first admission (num_cached_tokens is
+                          recorded then, not again after a preemption)
+Methods: get_token_ids(start, end), append_output_token, check_stop(max_len),
+finish(status, stop_reason), fork(new_id, sample_index) (no pages).
 """
 
 from __future__ import annotations

@@ -98,11 +98,11 @@ class _WaitingQueue:
         self._deque: deque[Request] = deque()
         self._heap: list[tuple] = []
         self._seq = itertools.count()
-        self._keys: dict[str, int] = {}
 
     def push(self, req: Request, front: bool = False) -> None:
         if self._by_priority:
-            seq = self._keys.setdefault(req.request_id, next(self._seq))
+            # first insertion order, kept when a preempted request comes back
+            seq = req.__dict__.setdefault("_waiting_seq", next(self._seq))
             heapq.heappush(self._heap, (req.priority, req.arrival_time, seq, req))
         elif front:
             self._deque.appendleft(req)
@@ -116,7 +116,6 @@ class _WaitingQueue:
         return heapq.heappop(self._heap)[-1] if self._by_priority else self._deque.popleft()
 
     def remove(self, req: Request) -> None:
-        self._keys.pop(req.request_id, None)
         if self._by_priority:
             self._heap = [e for e in self._heap if e[-1] is not req]
             heapq.heapify(self._heap)
@@ -281,7 +280,8 @@ class Scheduler:
             if len(self.running) + seqs > self.max_num_seqs:
                 break
             hits = self.pool.peek_prefix(req.all_token_ids, req.cache_salt,
-                                         block_hashes=req.block_hashes)
+                                         block_hashes=req.block_hashes) \
+                if self.enable_prefix_caching else []
             computed = len(hits) * ps
             num_new = req.num_tokens - computed
             if num_new > budget:
@@ -293,8 +293,9 @@ class Scheduler:
             if need + evictable_hits > self.pool.num_allocatable:
                 break
             self.waiting.pop()
-            hits = self.pool.lookup(req.all_token_ids, req.cache_salt,
-                                    block_hashes=req.block_hashes)
+            if self.enable_prefix_caching:
+                hits = self.pool.lookup(req.all_token_ids, req.cache_salt,
+                                        block_hashes=req.block_hashes)
             req.page_ids = hits + self.pool.allocate(need)
             req.num_computed_tokens = computed
             req.num_registered_pages = len(hits)
