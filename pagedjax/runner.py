@@ -1,0 +1,308 @@
+"""SchedulerOutput -> padded BatchInputs -> one jitted step -> sampled tokens.
+
+Static shapes: every step is padded to a *bucket* so that only a few programs
+are ever compiled:
+
+* decode-only steps (every row feeds one token): T = S = bucket(rows) from
+  powers of two >= 8, attention tiles of one row (``max_q_len=1``);
+* mixed steps (some row feeds a prompt chunk): T = bucket(tokens) from powers
+  of four >= 16, S = bucket(rows) from powers of two >= 8;
+* P (page-table width) = bucket(longest sequence's pages) from powers of two;
+* sampling feature flags (penalties, top-k/p, ...) and the number of
+  top logprobs (0, 5 or 20) pick lean variants of the sampler.
+
+The KV pool is donated to the step so XLA updates it in place. One host->device
+transfer of the batch and one device->host copy of the sampled tokens per step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kernels_pallas import copy_pages
+from models.base import AttentionMetadata
+from pagedjax import sampler as sampler_mod
+from pagedjax.sampler import RowState
+
+_LOGPROB_BUCKETS = (0, 5, 20)
+
+
+def _pow2(n: int, minimum: int) -> int:
+    return max(minimum, 1 << max(0, (int(n) - 1).bit_length()))
+
+
+def _pow4(n: int, minimum: int) -> int:
+    b = minimum
+    while b < n:
+        b *= 4
+    return b
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class BatchInputs:
+    """One padded step (device arrays)."""
+
+    token_ids: jax.Array  # i32[T]
+    meta: AttentionMetadata
+    logits_index: jax.Array  # i32[R] row of hidden to sample from
+    prompt_next_ids: jax.Array  # i32[T] or i32[0]: next prompt token of each position
+
+
+@dataclasses.dataclass
+class SampleRow:
+    """One sampling row: which scheduled row it belongs to and its sampler state."""
+
+    request_id: str
+    row_index: int  # index into SchedulerOutput.rows
+    state: RowState
+    num_logprobs: int | None  # None: no logprobs wanted
+
+
+@dataclasses.dataclass
+class StepResult:
+    token_ids: np.ndarray  # i32[R]
+    logprob: np.ndarray  # f32[R]
+    rank: np.ndarray  # i32[R]
+    topk_ids: np.ndarray  # i32[R, K]
+    topk_logprobs: np.ndarray  # f32[R, K]
+    prompt_logprobs: dict[str, tuple[np.ndarray, ...]]  # request_id -> arrays for its chunk
+
+
+class CompileCounter:
+    """Counts XLA backend compilations (all of them, process-wide)."""
+
+    _installed = False
+    count = 0
+
+    @classmethod
+    def install(cls) -> None:
+        if cls._installed:
+            return
+        cls._installed = True
+
+        def listener(event: str, duration: float, **_: Any) -> None:
+            if event == "/jax/core/compile/backend_compile_duration":
+                cls.count += 1
+
+        jax.monitoring.register_event_duration_secs_listener(listener)
+
+
+class Runner:
+    """Owns params, the KV pool and the compiled step."""
+
+    def __init__(self, model, params, kv_caches, *, page_size: int, max_num_seqs: int,
+                 max_num_batched_tokens: int, max_model_len: int, attn_backend: str,
+                 mesh=None):
+        self.model = model
+        self.params = params
+        self.kv_caches = kv_caches
+        self.page_size = page_size
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_pages = -(-max_model_len // page_size)
+        self.max_model_len = max_model_len
+        self.attn_backend = attn_backend
+        self.vocab_size = model.info.vocab_size
+        self.mesh = mesh
+        self.shapes_seen: set[tuple] = set()
+        self.step_times: list[float] = []
+        CompileCounter.install()
+        self._step = jax.jit(self._step_impl, static_argnames=("num_logprobs", "prompt_k"),
+                             donate_argnums=(1,))
+        self._copy = jax.jit(self._copy_impl, donate_argnums=(0,))
+
+    # ------------------------------------------------------------------ device
+    def _step_impl(self, params, kv_caches, batch: BatchInputs, st, *, num_logprobs, prompt_k):
+        hidden, kv_caches = self.model.forward(params, kv_caches, batch.token_ids, batch.meta)
+        logits = self.model.compute_logits(params, hidden[batch.logits_index])
+        out = sampler_mod.sample(logits, st, num_logprobs)
+        plp = None
+        if prompt_k is not None:
+            all_logits = self.model.compute_logits(params, hidden)
+            plp = sampler_mod.prompt_logprobs(all_logits, batch.prompt_next_ids, prompt_k)
+        return out, plp, kv_caches
+
+    @staticmethod
+    def _copy_impl(kv_caches, src, dst):
+        return tuple(copy_pages(pages, scales, src, dst) for pages, scales in kv_caches)
+
+    def copy_pages(self, copies: Sequence[tuple[int, int]]) -> None:
+        if not copies:
+            return
+        n = _pow2(len(copies), 8)
+        src = np.zeros(n, np.int32)
+        dst = np.zeros(n, np.int32)
+        for i, (s, d) in enumerate(copies):
+            src[i], dst[i] = s, d
+        self.kv_caches = self._copy(self.kv_caches, jnp.asarray(src), jnp.asarray(dst))
+
+    # ------------------------------------------------------------------ host
+    def bucket_sizes(self, num_rows: int, num_tokens: int, max_pages: int, decode: bool):
+        s = _pow2(num_rows, 8)
+        t = s if decode else max(_pow4(num_tokens, 16), s)
+        p = min(_pow2(max_pages, 4), _pow2(self.max_pages, 4))
+        return t, s, p
+
+    def prepare(self, rows, sample_rows: Sequence[SampleRow], prompt_lp: dict[str, int]):
+        """Host-side padding. Returns (BatchInputs numpy pytree, SamplingTensors, statics)."""
+        ps = self.page_size
+        num_tokens = sum(len(r.token_ids) for r in rows)
+        decode = all(len(r.token_ids) == 1 for r in rows)
+        max_pages = max(-(-(r.start_pos + len(r.token_ids)) // ps) for r in rows)
+        num_sample_rows = len(sample_rows)
+        t, s, p = self.bucket_sizes(max(len(rows), num_sample_rows), num_tokens, max_pages, decode)
+        r_pad = s  # sampling rows share the sequence bucket: one less shape axis
+        token_ids = np.zeros(t, np.int32)
+        positions = np.zeros(t, np.int32)
+        slots = np.zeros(t, np.int32)
+        kv_lens = np.zeros(s, np.int32)
+        page_table = np.zeros((s, p), np.int32)
+        cu = np.zeros(s + 1, np.int32)
+        next_ids = np.zeros(t if prompt_lp else 0, np.int32)
+        last_token_row = []
+        off = 0
+        for i, r in enumerate(rows):
+            n = len(r.token_ids)
+            pos = np.arange(r.start_pos, r.start_pos + n, dtype=np.int32)
+            pages = np.asarray(r.page_ids, np.int32)
+            token_ids[off:off + n] = r.token_ids
+            positions[off:off + n] = pos
+            slots[off:off + n] = pages[pos // ps] * ps + pos % ps
+            kv_lens[i] = r.start_pos + n
+            page_table[i, :len(pages)] = pages[:p]
+            cu[i + 1] = off + n
+            last_token_row.append(off + n - 1)
+            off += n
+        cu[len(rows) + 1:] = off
+        logits_index = np.zeros(r_pad, np.int32)
+        for j, sr in enumerate(sample_rows):
+            logits_index[j] = last_token_row[sr.row_index]
+        if prompt_lp:
+            for i, r in enumerate(rows):
+                if r.request_id in prompt_lp:
+                    start = int(cu[i])
+                    full = prompt_lp_tokens = self._prompt_tokens[r.request_id]
+                    for k in range(len(r.token_ids)):
+                        nxt = r.start_pos + k + 1
+                        next_ids[start + k] = full[nxt] if nxt < len(prompt_lp_tokens) else 0
+        meta = AttentionMetadata(
+            positions=positions, slot_mapping=slots, kv_lens=kv_lens, page_table=page_table,
+            cu_q_lens=cu, num_seqs=np.int32(len(rows)), max_q_len=1 if decode else None,
+            attn_backend=self.attn_backend)
+        batch = BatchInputs(token_ids=token_ids, meta=meta, logits_index=logits_index,
+                            prompt_next_ids=next_ids)
+        st = sampler_mod.build_sampling_tensors(
+            [sr.state for sr in sample_rows], r_pad, self.vocab_size, self.max_model_len)
+        wanted = [sr.num_logprobs for sr in sample_rows if sr.num_logprobs is not None]
+        num_logprobs = None
+        if wanted:
+            num_logprobs = next(b for b in _LOGPROB_BUCKETS if b >= max(wanted))
+        prompt_k = None
+        if prompt_lp:
+            prompt_k = next(b for b in _LOGPROB_BUCKETS if b >= max(prompt_lp.values()))
+        return batch, st, num_logprobs, prompt_k, (t, s, p)
+
+    def execute(self, rows, sample_rows: Sequence[SampleRow], prompt_lp: dict[str, int] | None = None,
+                prompt_tokens: dict[str, list[int]] | None = None) -> StepResult:
+        """Run one step. ``prompt_lp`` maps request ids wanting prompt logprobs to k."""
+        prompt_lp = prompt_lp or {}
+        self._prompt_tokens = prompt_tokens or {}
+        batch, st, num_logprobs, prompt_k, shape = self.prepare(rows, sample_rows, prompt_lp)
+        key = (shape, num_logprobs, prompt_k, tuple(getattr(st, f) for f in sampler_mod._META))
+        self.shapes_seen.add(key)
+        t0 = time.perf_counter()
+        batch, st = jax.device_put((batch, st))
+        out, plp, self.kv_caches = self._step(self.params, self.kv_caches, batch, st,
+                                              num_logprobs=num_logprobs, prompt_k=prompt_k)
+        out, plp = jax.device_get((out, plp))
+        self.step_times.append(time.perf_counter() - t0)
+        prompt_out = {}
+        if plp is not None:
+            cu = np.asarray(batch.meta.cu_q_lens)
+            for i, r in enumerate(rows):
+                if r.request_id in prompt_lp:
+                    a, b = int(cu[i]), int(cu[i + 1])
+                    prompt_out[r.request_id] = tuple(np.asarray(x)[a:b] for x in plp)
+        return StepResult(np.asarray(out.token_ids), np.asarray(out.logprob), np.asarray(out.rank),
+                          np.asarray(out.topk_ids), np.asarray(out.topk_logprobs), prompt_out)
+
+    # ------------------------------------------------------------------ warm-up
+    def warmup_shapes(self) -> list[tuple[int, int, int, bool]]:
+        """Every (rows, tokens, pages, decode) combination whose bucket can occur."""
+        shapes = set()
+        s_max = _pow2(self.max_num_seqs, 8)
+        p_max = _pow2(self.max_pages, 4)
+        t_max = _pow4(self.max_num_batched_tokens, 16)
+        p = 4
+        while p <= p_max:
+            s = 8
+            while s <= s_max:
+                shapes.add((s, s, p, True))
+                t = 16
+                while t <= t_max:
+                    if s <= t:
+                        shapes.add((s, t, p, False))
+                    t *= 4
+                s *= 2
+            p *= 2
+        return sorted(shapes)
+
+    def _dummy_rows(self, s: int, t: int, p: int, decode: bool):
+        """Rows (all on the null page) whose padded shape is exactly (s, t, p), or None."""
+        from pagedjax.scheduler import ScheduledRow
+
+        cap = p * self.page_size
+        if decode:
+            rows = [ScheduledRow(f"w{i}", [0], 0, [0], 1) for i in range(s)]
+            rows[0] = ScheduledRow("w0", [0], cap - 1, [0] * p, 1)
+            return rows
+        nrows = s if t > s else s - 1
+        counts = [t // nrows + (1 if i < t % nrows else 0) for i in range(nrows)]
+        if max(counts) < 2 or max(counts) > cap:
+            return None
+        rows = [ScheduledRow(f"w{i}", [0] * c, 0, [0] * (-(-c // self.page_size)), 1)
+                for i, c in enumerate(counts)]
+        rows[0] = ScheduledRow("w0", [0] * counts[0], cap - counts[0], [0] * p, 1)
+        if self.bucket_sizes(nrows, t, p, False) != (t, s, p):
+            return None
+        return rows
+
+    def warmup(self, progress: bool = True, shapes=None) -> float:
+        """Compile the greedy variant of every step shape ahead of time."""
+        from tqdm.auto import tqdm
+
+        from pagedjax.sampling_params import SamplingParams
+
+        shapes = shapes if shapes is not None else self.warmup_shapes()
+        t0 = time.perf_counter()
+        it = tqdm(shapes, desc="Compiling step shapes", disable=not progress)
+        greedy = SamplingParams(temperature=0.0, max_tokens=1)
+        for s, t, p, decode in it:
+            rows = self._dummy_rows(s, t, p, decode)
+            if rows is None:
+                continue
+            srows = [SampleRow(r.request_id, i, RowState(greedy, [0], []), None)
+                     for i, r in enumerate(rows)]
+            self.execute(rows, srows)
+        jax.block_until_ready(self.kv_caches)
+        return time.perf_counter() - t0
+
+
+def kv_cache_bytes_per_page(info, page_size: int, dtype) -> int:
+    return info.num_layers * page_size * 2 * info.num_kv_heads * info.head_dim * jnp.dtype(dtype).itemsize
+
+
+def default_num_pages(info, page_size: int, kv_dtype, max_model_len: int, max_num_seqs: int,
+                      budget_bytes: int) -> int:
+    per_page = kv_cache_bytes_per_page(info, page_size, kv_dtype)
+    n = budget_bytes // per_page
+    need = max_num_seqs * math.ceil(max_model_len / page_size)
+    return int(max(2, min(n, need + 1)))
