@@ -1,0 +1,72 @@
+"""`pagedjax serve` and `pagedjax bench throughput|serving` (registered by cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+
+def _repo_benchmarks(name: str):
+    """Import benchmarks/<name>.py lazily (it lives next to the package, not in it)."""
+    try:
+        return importlib.import_module(f"benchmarks.{name}")
+    except ImportError:
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        path = os.path.join(root, "benchmarks", f"{name}.py")
+        if not os.path.exists(path):
+            raise
+        spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
+
+def cmd_serve(ns: argparse.Namespace) -> int:
+    from pagedjax.entrypoints.openai.api_server import run_server
+
+    if ns.model_tag is not None:
+        if ns.model is not None and ns.model != ns.model_tag:
+            print("error: give the model once (positional or --model)", file=sys.stderr)
+            return 2
+        ns.model = ns.model_tag
+    return run_server(ns)
+
+
+def _passthrough(name: str):
+    def run(ns: argparse.Namespace) -> int:
+        try:
+            mod = _repo_benchmarks(name)
+        except ImportError:
+            print(f"error: benchmarks/{name}.py is not available in this checkout",
+                  file=sys.stderr)
+            return 1
+        rc = mod.main(ns.bench_args)
+        return int(rc or 0)
+    return run
+
+
+def register(sub) -> None:
+    from pagedjax.entrypoints.openai.api_server import add_server_args
+
+    s = sub.add_parser("serve", help="start the OpenAI-compatible HTTP server",
+                       description="Start the OpenAI-compatible server (/v1/completions, "
+                                   "/v1/chat/completions, /v1/models, /health, /metrics).")
+    s.add_argument("model_tag", nargs="?", default=None, help="model (same as --model)")
+    s.add_argument("--model", default=None,
+                   help="short name (SmolLM2-135M-Instruct, the default), HF folder or .gguf file")
+    add_server_args(s)
+    s.set_defaults(func=cmd_serve)
+
+    b = sub.add_parser("bench", help="benchmarks: throughput (offline) or serving (HTTP)")
+    bsub = b.add_subparsers(dest="bench_command", required=True)
+    for name, helptext in (("throughput", "offline throughput (benchmarks/throughput.py)"),
+                           ("serving", "online serving latency/throughput "
+                                       "(benchmarks/serving.py)")):
+        # prefix_chars="+": every "--option" (and --help) is handed to the script.
+        p = bsub.add_parser(name, help=helptext, add_help=False, prefix_chars="+",
+                            description=f"{helptext}; all options are passed to the script "
+                                        "(engine options mirror LLM(...)); try --help.")
+        p.add_argument("bench_args", nargs="*")
+        p.set_defaults(func=_passthrough(name))
