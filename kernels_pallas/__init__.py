@@ -11,6 +11,7 @@ interpret mode.
 from __future__ import annotations
 
 import jax
+import numpy as np
 
 from kernels_pallas.kv_write import (  # noqa: F401
     KV_CACHE_DTYPES,
@@ -19,6 +20,7 @@ from kernels_pallas.kv_write import (  # noqa: F401
     is_quantized,
     write_kv,
 )
+from kernels_pallas.reference import check_args
 from kernels_pallas.reference import ragged_paged_attention as reference_attention
 
 BACKENDS = ("auto", "xla", "pallas_gpu", "pallas_tpu")
@@ -36,6 +38,25 @@ def resolve_backend(backend: str = "auto") -> str:
     if platform == "tpu":
         return "pallas_tpu"
     return "xla"
+
+
+def _check_page_table_width(kv_pages, kv_lens, page_table, num_seqs, max_q_len) -> None:
+    """page_table must cover each context; checked where the values are known."""
+    page_size = kv_pages.shape[1]
+    cap = page_table.shape[1] * page_size
+    if max_q_len is not None and max_q_len > cap:
+        raise ValueError(
+            f"page_table: {page_table.shape[1]} pages of {page_size} tokens cannot hold "
+            f"max_q_len={max_q_len} new tokens")
+    try:  # concrete (not traced) lengths: check them all
+        lens = np.asarray(kv_lens)
+        n = int(np.reshape(np.asarray(num_seqs), ()))
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        return
+    if n > 0 and lens[:n].max(initial=0) > cap:
+        raise ValueError(
+            f"page_table: {page_table.shape[1]} pages of {page_size} tokens per sequence, "
+            f"but kv_lens has a context of {int(lens[:n].max())}")
 
 
 def ragged_paged_attention(
@@ -57,6 +78,8 @@ def ragged_paged_attention(
     """See ``reference.py`` for the contract. ``interpret=None`` means: interpret
     the Pallas kernels when the platform cannot run them natively."""
     backend = resolve_backend(backend)
+    check_args(q, kv_pages, kv_lens, page_table, cu_q_lens, kv_scales)
+    _check_page_table_width(kv_pages, kv_lens, page_table, num_seqs, max_q_len)
     kw = dict(sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap,
               kv_scales=kv_scales, max_q_len=max_q_len)
     if backend == "xla":

@@ -304,6 +304,18 @@ def test_unsupported_sizes_per_kernel():
                                        interpret=True)
 
 
+@pytest.mark.parametrize("kind", ["xla", "pallas_gpu", "pallas_tpu"])
+def test_page_table_too_narrow(kind):
+    args, kw = _args()  # page_size 4, page_table [3, 1]
+    kv_lens = args[2].at[0].set(args[3].shape[1] * 4 + 1)
+    with pytest.raises(ValueError, match="page_table"):
+        kernels_pallas.ragged_paged_attention(*args[:2], kv_lens, *args[3:], sm_scale=1.0,
+                                              backend=kind, **kw)
+    with pytest.raises(ValueError, match="page_table"):
+        kernels_pallas.ragged_paged_attention(*args, sm_scale=1.0, backend=kind, max_q_len=99,
+                                              **kw)
+
+
 def test_unknown_backend():
     args, kw = _args()
     with pytest.raises(ValueError, match="attention_backend"):
