@@ -19,3 +19,11 @@ def smollm2_gguf() -> str:
 
 # The OpenAI server tests share ONE real server subprocess per session.
 from tests.server_utils import server  # noqa: E402,F401
+
+
+# Under pytest-xdist each worker gets one core: XLA's own thread pool in two
+# workers on two cores oversubscribes the CPU and makes every step much slower.
+if os.environ.get("PYTEST_XDIST_WORKER") and "xla_cpu_multi_thread_eigen" not in os.environ.get(
+        "XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                               " --xla_cpu_multi_thread_eigen=false").strip()
