@@ -76,7 +76,7 @@ class Server:
         _, text = self.raw("GET", "/metrics", auth=False)
         out = {}
         for line in text.splitlines():
-            m = re.match(r"^(pagedjax:[a-z_]+)(\{[^}]*\})? ([0-9.e+-]+)$", line)
+            m = re.match(r"^(pagedjax:[a-z0-9_]+)(\{[^}]*\})? ([0-9.e+-]+)$", line)
             if m and m.group(1) not in out:
                 out[m.group(1)] = float(m.group(3))
         return out

@@ -20,7 +20,7 @@ def test_concurrent_streaming_clients(server):
         k = 0
         while time.time() < t_end:
             k += 1
-            drop = (i % 8 == 0) and (k % 2 == 0)  # some clients walk away mid-stream
+            drop = (i % 8 == 0) and k % 2 == 1  # some clients walk away mid-stream
             try:
                 stream = await client.completions.create(
                     model=server.model, prompt=f"Client {i} request {k}: once upon a time",
@@ -60,7 +60,7 @@ def test_concurrent_streaming_clients(server):
           f"{stats['tokens']} tokens in {elapsed:.1f}s")
     assert elapsed >= DURATION_S
     assert not stats["failed"], stats["failed"][:5]
-    assert stats["ok"] >= CLIENTS
+    assert stats["ok"] >= CLIENTS - CLIENTS // 8 and stats["dropped"] >= CLIENTS // 8
     m = server.wait_idle(timeout=60)
     assert m["pagedjax:kv_pages_held"] == 0
     st, body = server.raw("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 2})
