@@ -7,6 +7,8 @@ Sliding-window layers follow ``layer_types`` or, in older configs,
 
 from __future__ import annotations
 
+import jax.numpy as jnp
+
 from models.llama import LlamaForCausalLM
 
 
@@ -14,13 +16,10 @@ class Qwen2ForCausalLM(LlamaForCausalLM):
     architecture = "Qwen2ForCausalLM"
     default_tie_word_embeddings = False
 
-    def __init__(self, config: dict, dtype=None, eos_token_ids=None):
-        config = dict(config)
-        config["attention_bias"] = False  # o_proj has no bias in Qwen2
-        super().__init__(config, *([dtype] if dtype is not None else []),
-                         eos_token_ids=eos_token_ids)
-        self.qkv_bias = True
-        self.o_bias = False
+    def __init__(self, config: dict, dtype=jnp.float32, eos_token_ids=None):
+        super().__init__(config, dtype, eos_token_ids)
+        self.qkv_bias = True  # Qwen2 always has q/k/v biases ...
+        self.o_bias = False  # ... and never an o_proj bias
 
     def _sliding_windows(self):
         window = self.cfg.get("sliding_window")

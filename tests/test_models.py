@@ -89,6 +89,9 @@ def tiny(request, tmp_path_factory):
             folder = tmp_path_factory.mktemp(arch)
             hf.save_pretrained(folder)
             model, params = models.load_model(str(folder), dtype="float32")
+            # One jitted forward per model, so tests share compiled shapes.
+            model.jit_forward = jax.jit(model.forward, donate_argnums=1)
+            model.jit_logits = jax.jit(model.compute_logits)
             cache[arch] = (hf, str(folder), model, params)
         return cache[arch]
 
@@ -108,8 +111,15 @@ def assert_close(ours, ref, what=""):
     assert err <= tol, f"{what}: max |diff| {err:.3g} > tol {tol:.3g}"
 
 
+PREFILL_PAD = dict(pad_tokens_to=16, pad_seqs_to=4, max_q_len=16)  # one compiled shape
+DECODE_PAD = dict(pad_tokens_to=4, pad_seqs_to=4, max_q_len=1)  # and one for decode
+
+
 class PagedRunner:
-    """Drives model.forward through a NaN-filled page pool with shuffled pages."""
+    """Drives model.forward through a NaN-filled page pool with shuffled pages.
+
+    Every step is padded to PREFILL_PAD or DECODE_PAD (padding tokens write to the
+    null page, padding sequences have no rows)."""
 
     def __init__(self, model, params, num_pages=48, page_size=4, seed=0):
         self.model, self.params, self.page_size = model, params, page_size
@@ -117,10 +127,10 @@ class PagedRunner:
         self.caches = jax.tree_util.tree_map(lambda a: jnp.full_like(a, jnp.nan), caches)
         self.free = [int(p) for p in np.random.default_rng(seed).permutation(np.arange(1, num_pages))]
         self.seqs: dict[str, tuple[list[int], int]] = {}
-        self.fwd = jax.jit(model.forward, donate_argnums=1)
-        self.logits = jax.jit(model.compute_logits)
+        self.fwd = getattr(model, "jit_forward", None) or jax.jit(model.forward, donate_argnums=1)
+        self.logits = getattr(model, "jit_logits", None) or jax.jit(model.compute_logits)
 
-    def step(self, batch, pad_tokens_to=None, pad_seqs_to=None):
+    def step(self, batch):
         """batch: [(seq_id, new token ids)] -> {seq_id: logits [n, V]}."""
         chunks, tokens = [], []
         for sid, toks in batch:
@@ -130,8 +140,8 @@ class PagedRunner:
             self.seqs[sid] = (pages, done + len(toks))
             chunks.append(SeqChunk(list(pages), done, len(toks)))
             tokens += list(toks)
-        meta = build_metadata(chunks, self.page_size, pad_tokens_to=pad_tokens_to,
-                              pad_seqs_to=pad_seqs_to, pages_per_seq=8)
+        pad = DECODE_PAD if all(c.num_new == 1 for c in chunks) else PREFILL_PAD
+        meta = build_metadata(chunks, self.page_size, pages_per_seq=8, **pad)
         ids = np.zeros(meta.positions.shape[0], np.int32)
         ids[: len(tokens)] = tokens
         hidden, self.caches = self.fwd(self.params, self.caches, jnp.asarray(ids), meta)
@@ -163,24 +173,27 @@ def test_chunked_prefill_then_decode(tiny, arch):
     ids = _prompt(2, 16)
     ref = hf_logits(hf, ids)
     runner = PagedRunner(model, params, seed=3)
-    got = [runner.step([("s", ids[:5])], pad_tokens_to=8)["s"],
-           runner.step([("s", ids[5:11])], pad_tokens_to=8)["s"]]
+    got = [runner.step([("s", ids[:5])])["s"], runner.step([("s", ids[5:11])])["s"]]
     for i in range(11, 16):
-        got.append(runner.step([("s", ids[i:i + 1])], pad_seqs_to=2)["s"])
+        got.append(runner.step([("s", ids[i:i + 1])])["s"])
     assert_close(np.concatenate(got), ref, f"{arch} chunked")
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_mixed_batch(tiny, arch):
-    """One call mixing a new prefill, a decode row and a second chunk (+ padding)."""
+    """One call mixing a new prefill, a decode row and a second chunk (+ padding),
+    then one call of three decode rows."""
     hf, _, model, params = tiny(arch)
-    a, b, c = _prompt(4, 7), _prompt(5, 7), _prompt(6, 9)
+    a, b, c = _prompt(4, 8), _prompt(5, 8), _prompt(6, 10)
     runner = PagedRunner(model, params, seed=5)
-    first = runner.step([("b", b[:6]), ("c", c[:3])], pad_tokens_to=16, pad_seqs_to=4)
-    out = runner.step([("a", a), ("b", b[6:]), ("c", c[3:])], pad_tokens_to=16, pad_seqs_to=4)
-    assert_close(out["a"], hf_logits(hf, a), f"{arch} batch seq a")
-    assert_close(np.concatenate([first["b"], out["b"]]), hf_logits(hf, b), f"{arch} batch seq b")
-    assert_close(np.concatenate([first["c"], out["c"]]), hf_logits(hf, c), f"{arch} batch seq c")
+    s1 = runner.step([("b", b[:6]), ("c", c[:3])])
+    s2 = runner.step([("a", a[:7]), ("b", b[6:7]), ("c", c[3:9])])
+    s3 = runner.step([("c", c[9:]), ("a", a[7:]), ("b", b[7:])])
+    assert_close(np.concatenate([s2["a"], s3["a"]]), hf_logits(hf, a), f"{arch} batch seq a")
+    assert_close(np.concatenate([s1["b"], s2["b"], s3["b"]]), hf_logits(hf, b),
+                 f"{arch} batch seq b")
+    assert_close(np.concatenate([s1["c"], s2["c"], s3["c"]]), hf_logits(hf, c),
+                 f"{arch} batch seq c")
 
 
 def test_int8_kv_cache_close(tiny):
