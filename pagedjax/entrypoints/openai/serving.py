@@ -140,7 +140,7 @@ class OpenAIServing:
             raise OpenAIError(
                 f"This model's maximum context length is {limit} tokens. However, your request "
                 f"has {n_prompt} input tokens. Please reduce the length of the {what}.", 400,
-                param="max_tokens" if False else what.split()[-1])
+                param=what)
         if max_tokens is None:
             return limit - n_prompt
         if n_prompt + max_tokens > limit:
