@@ -88,6 +88,9 @@ class CausalLM:
         )
         self.tie_word_embeddings = bool(self.cfg.get("tie_word_embeddings", self.default_tie_word_embeddings))
         self.final_logit_softcap: float | None = None
+        # Replaces kernels_pallas.ragged_paged_attention in every layer when set
+        # (same signature), e.g. pagedjax.parallel.sharded_attention(mesh).
+        self.attention_fn: Callable | None = None
 
     def _make_info(self, *, num_layers, num_q_heads, num_kv_heads, head_dim, hidden_size,
                    vocab_size, max_model_len) -> ModelInfo:

@@ -101,6 +101,7 @@ class Gemma3ForCausalLM(CausalLM):
                 attn, h, kv_caches[i], meta, sm_scale=self.sm_scale,
                 rope=ropes[self.layer_types[i]], qk_norm=qk_norm,
                 sliding_window=self.windows[i], soft_cap=self.attn_softcap,
+                attention_fn=self.attention_fn,
             )
             new_caches.append(cache)
             x = x + norm(lp["post_attention_layernorm"], a)

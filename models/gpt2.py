@@ -63,7 +63,8 @@ class GPT2LMHeadModel(CausalLM):
         new_caches = []
         for i, lp in enumerate(params["layers"]):
             h = L.layer_norm(x, lp["ln_1"]["scale"], lp["ln_1"]["bias"], self.eps)
-            a, cache = L.paged_attention(lp["attn"], h, kv_caches[i], meta, sm_scale=self.sm_scale)
+            a, cache = L.paged_attention(lp["attn"], h, kv_caches[i], meta, sm_scale=self.sm_scale,
+                                         attention_fn=self.attention_fn)
             new_caches.append(cache)
             x = x + a
             h = L.layer_norm(x, lp["ln_2"]["scale"], lp["ln_2"]["bias"], self.eps)

@@ -196,8 +196,13 @@ def paged_attention(
     qk_norm: Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]] | None = None,
     sliding_window: int | None = None,
     soft_cap: float | None = None,
+    attention_fn: Callable | None = None,
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array | None]]:  # out [T, H], cache
-    """Project q/k/v, rotate, write K/V to the pool, attend, project out."""
+    """Project q/k/v, rotate, write K/V to the pool, attend, project out.
+
+    ``attention_fn`` replaces ``kernels_pallas.ragged_paged_attention`` (same
+    signature), e.g. a ``shard_map``-wrapped kernel under tensor parallelism.
+    """
     t = x.shape[0]
     q, k, v = qkv_projection(p["qkv_proj"], x)  # [T, Hkv, G, D], [T, Hkv, D] x2
     if qk_norm is not None:
@@ -208,7 +213,8 @@ def paged_attention(
     pages, scales = cache
     pages, scales = kernels_pallas.write_kv(pages, scales, k, v, meta.slot_mapping)
     hkv, g, d = q.shape[1:]
-    out = kernels_pallas.ragged_paged_attention(
+    attend = attention_fn or kernels_pallas.ragged_paged_attention
+    out = attend(
         q.reshape(t, hkv * g, d),
         pages,
         meta.kv_lens,

@@ -82,7 +82,7 @@ class LlamaForCausalLM(CausalLM):
             h = L.rms_norm(x, lp["input_layernorm"]["scale"], self.eps)
             a, cache = L.paged_attention(
                 lp["attn"], h, kv_caches[i], meta, sm_scale=self.sm_scale, rope=rope,
-                sliding_window=self.sliding_windows[i],
+                sliding_window=self.sliding_windows[i], attention_fn=self.attention_fn,
             )
             new_caches.append(cache)
             x = x + a

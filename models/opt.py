@@ -77,7 +77,8 @@ class OPTForCausalLM(CausalLM):
         new_caches = []
         for i, lp in enumerate(params["layers"]):
             h = ln(lp["self_attn_layer_norm"], x) if self.pre_norm else x
-            a, cache = L.paged_attention(lp["attn"], h, kv_caches[i], meta, sm_scale=self.sm_scale)
+            a, cache = L.paged_attention(lp["attn"], h, kv_caches[i], meta, sm_scale=self.sm_scale,
+                                         attention_fn=self.attention_fn)
             new_caches.append(cache)
             x = x + a
             if not self.pre_norm:

@@ -16,6 +16,7 @@ transformers = pytest.importorskip("transformers")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
+import kernels_pallas  # noqa: E402
 import models  # noqa: E402
 from models.metadata import SeqChunk, build_metadata  # noqa: E402
 
@@ -206,6 +207,27 @@ def test_int8_kv_cache_close(tiny):
     ours = np.asarray(model.compute_logits(params, hidden))
     ref = hf_logits(hf, ids)
     assert np.abs(ours - ref).max() <= 5e-2 * max(1.0, np.abs(ref).max())
+
+
+def test_attention_fn_hook_gets_every_layer(tiny):
+    """model.attention_fn replaces the kernel call (for shard_map under TP); same logits."""
+    hf, _, model, params = tiny("gemma3")
+    calls = []
+
+    def spy(q, *args, **kw):
+        calls.append(kw["sliding_window"])
+        return kernels_pallas.ragged_paged_attention(q, *args, **kw)
+
+    ids = _prompt(8, 6)
+    model.attention_fn = spy
+    try:
+        meta = build_metadata([SeqChunk([2, 1], 0, len(ids))], 4)
+        hidden, _ = model.forward(params, model.allocate_kv_caches(4, 4),
+                                  jnp.asarray(ids, jnp.int32), meta)
+    finally:
+        model.attention_fn = None
+    assert calls == [4, None, 4]  # sliding, full, sliding
+    assert_close(model.compute_logits(params, hidden), hf_logits(hf, ids), "gemma3 hook")
 
 
 def test_param_paths_are_readable(tiny):
