@@ -222,8 +222,8 @@ def test_attention_fn_hook_gets_every_layer(tiny):
     model.attention_fn = spy
     try:
         meta = build_metadata([SeqChunk([2, 1], 0, len(ids))], 4)
-        hidden, _ = model.forward(params, model.allocate_kv_caches(4, 4),
-                                  jnp.asarray(ids, jnp.int32), meta)
+        hidden, _ = jax.jit(model.forward)(params, model.allocate_kv_caches(4, 4),
+                                           jnp.asarray(ids, jnp.int32), meta)
     finally:
         model.attention_fn = None
     assert calls == [4, None, 4]  # sliding, full, sliding
