@@ -31,7 +31,7 @@ from models.base import AttentionMetadata
 from pagedjax import sampler as sampler_mod
 from pagedjax.sampler import RowState
 
-_LOGPROB_BUCKETS = (0, 5, 20)
+_LOGPROB_BUCKETS = (20,)  # one top-k width: fewer sampler programs
 
 
 def _pow2(n: int, minimum: int) -> int:
@@ -52,7 +52,7 @@ class BatchInputs:
 
     token_ids: jax.Array  # i32[T]
     meta: AttentionMetadata
-    logits_index: jax.Array  # i32[R] row of hidden to sample from
+    logits_index: jax.Array  # i32[S] each sequence's last token (its logits row)
     prompt_next_ids: jax.Array  # i32[T] or i32[0]: next prompt token of each position
 
 
@@ -115,20 +115,28 @@ class Runner:
         self.shapes_seen: set[tuple] = set()
         self.step_times: list[float] = []
         CompileCounter.install()
-        self._step = jax.jit(self._step_impl, static_argnames=("num_logprobs", "prompt_k"),
-                             donate_argnums=(1,))
+        # Two programs per step: the model (compiled per shape bucket, the
+        # expensive one) and the sampler (per row bucket and feature flags,
+        # cheap). Logits stay on the device between them.
+        self._step = jax.jit(self._step_impl, static_argnames=("prompt_k",), donate_argnums=(1,))
+        self._sample = jax.jit(self._sample_impl, static_argnames=("num_logprobs",))
         self._copy = jax.jit(self._copy_impl, donate_argnums=(0,))
 
     # ------------------------------------------------------------------ device
-    def _step_impl(self, params, kv_caches, batch: BatchInputs, st, *, num_logprobs, prompt_k):
+    def _step_impl(self, params, kv_caches, batch: BatchInputs, *, prompt_k):
+        """The model part of a step: forward + logits of the rows to sample."""
         hidden, kv_caches = self.model.forward(params, kv_caches, batch.token_ids, batch.meta)
         logits = self.model.compute_logits(params, hidden[batch.logits_index])
-        out = sampler_mod.sample(logits, st, num_logprobs)
         plp = None
         if prompt_k is not None:
             all_logits = self.model.compute_logits(params, hidden)
             plp = sampler_mod.prompt_logprobs(all_logits, batch.prompt_next_ids, prompt_k)
-        return out, plp, kv_caches
+        return logits, plp, kv_caches
+
+    @staticmethod
+    def _sample_impl(logits, sample_index, st, *, num_logprobs):
+        """logits f32[S, V] of the step's rows; sample_index i32[R] picks each sampling row's."""
+        return sampler_mod.sample(logits[sample_index], st, num_logprobs)
 
     @staticmethod
     def _copy_impl(kv_caches, src, dst):
@@ -137,7 +145,7 @@ class Runner:
     def copy_pages(self, copies: Sequence[tuple[int, int]]) -> None:
         if not copies:
             return
-        n = _pow2(len(copies), 8)
+        n = _pow2(len(copies), 8)  # same buckets as rows: warmed up
         src = np.zeros(n, np.int32)
         dst = np.zeros(n, np.int32)
         for i, (s, d) in enumerate(copies):
@@ -158,8 +166,10 @@ class Runner:
         decode = all(len(r.token_ids) == 1 for r in rows)
         max_pages = max(-(-(r.start_pos + len(r.token_ids)) // ps) for r in rows)
         num_sample_rows = len(sample_rows)
-        t, s, p = self.bucket_sizes(max(len(rows), num_sample_rows), num_tokens, max_pages, decode)
-        r_pad = s  # sampling rows share the sequence bucket: one less shape axis
+        t, s, p = self.bucket_sizes(len(rows), num_tokens, max_pages, decode)
+        # Sampling rows (more than S when an n > 1 prompt completes) have their
+        # own bucket, so the expensive model program never depends on them.
+        r_pad = _pow2(max(num_sample_rows, 1), 8)
         token_ids = np.zeros(t, np.int32)
         positions = np.zeros(t, np.int32)
         slots = np.zeros(t, np.int32)
@@ -182,9 +192,11 @@ class Runner:
             last_token_row.append(off + n - 1)
             off += n
         cu[len(rows) + 1:] = off
-        logits_index = np.zeros(r_pad, np.int32)
+        logits_index = np.zeros(s, np.int32)
+        logits_index[:len(rows)] = last_token_row
+        sample_index = np.zeros(r_pad, np.int32)
         for j, sr in enumerate(sample_rows):
-            logits_index[j] = last_token_row[sr.row_index]
+            sample_index[j] = sr.row_index
         if prompt_lp:
             for i, r in enumerate(rows):
                 if r.request_id in prompt_lp:
@@ -208,20 +220,22 @@ class Runner:
         prompt_k = None
         if prompt_lp:
             prompt_k = next(b for b in _LOGPROB_BUCKETS if b >= max(prompt_lp.values()))
-        return batch, st, num_logprobs, prompt_k, (t, s, p)
+        return batch, st, sample_index, num_logprobs, prompt_k, (t, s, p)
 
     def execute(self, rows, sample_rows: Sequence[SampleRow], prompt_lp: dict[str, int] | None = None,
                 prompt_tokens: dict[str, list[int]] | None = None) -> StepResult:
         """Run one step. ``prompt_lp`` maps request ids wanting prompt logprobs to k."""
         prompt_lp = prompt_lp or {}
         self._prompt_tokens = prompt_tokens or {}
-        batch, st, num_logprobs, prompt_k, shape = self.prepare(rows, sample_rows, prompt_lp)
+        batch, st, sample_index, num_logprobs, prompt_k, shape = self.prepare(
+            rows, sample_rows, prompt_lp)
         key = (shape, num_logprobs, prompt_k, tuple(getattr(st, f) for f in sampler_mod._META))
         self.shapes_seen.add(key)
         t0 = time.perf_counter()
-        batch, st = jax.device_put((batch, st))
-        out, plp, self.kv_caches = self._step(self.params, self.kv_caches, batch, st,
-                                              num_logprobs=num_logprobs, prompt_k=prompt_k)
+        batch, st, sample_index = jax.device_put((batch, st, sample_index))
+        logits, plp, self.kv_caches = self._step(self.params, self.kv_caches, batch,
+                                                 prompt_k=prompt_k)
+        out = self._sample(logits, sample_index, st, num_logprobs=num_logprobs)
         out, plp = jax.device_get((out, plp))
         self.step_times.append(time.perf_counter() - t0)
         prompt_out = {}
@@ -292,8 +306,45 @@ class Runner:
             srows = [SampleRow(r.request_id, i, RowState(greedy, [0], []), None)
                      for i, r in enumerate(rows)]
             self.execute(rows, srows)
+        self.warmup_sampler(progress)
         jax.block_until_ready(self.kv_caches)
         return time.perf_counter() - t0
+
+    # Sampler variants compiled at warm-up: (SamplingParams kwargs, logprobs).
+    # Sampler variants compiled at warm-up: (SamplingParams kwargs, logprobs).
+    # Penalties, logit bias / bad words, min_p and allowed_token_ids compile
+    # on first use.
+    WARM_SAMPLING = (
+        (dict(temperature=0.0), None), (dict(temperature=1.0), None),
+        (dict(temperature=0.8, top_p=0.95), None),
+        (dict(temperature=0.0), 20), (dict(temperature=1.0), 20),
+        (dict(temperature=0.8, top_p=0.95), 20),
+    )
+
+    def warmup_sampler(self, progress: bool = True) -> None:
+        """Compile the common sampler variants for every row bucket."""
+        from tqdm.auto import tqdm
+
+        from pagedjax.sampling_params import SamplingParams
+
+        buckets = []
+        r = 8
+        while r <= _pow2(self.max_num_seqs, 8):
+            buckets.append(r)
+            r *= 2
+        r_buckets = buckets + [2 * buckets[-1]]  # n > 1 forks add sampling rows
+        jobs = [(s_, r, kw, lp) for s_ in buckets for r in r_buckets if r <= 2 * s_
+                for kw, lp in self.WARM_SAMPLING]
+        for s_, r, kw, lp in tqdm(jobs, desc="Compiling sampler", disable=not progress):
+            params = SamplingParams(max_tokens=1, logprobs=lp, **kw)
+            st = sampler_mod.build_sampling_tensors([RowState(params, [0], [])], r,
+                                                    self.vocab_size, self.max_model_len)
+            num_logprobs = None if lp is None else next(b for b in _LOGPROB_BUCKETS if b >= lp)
+            logits = jnp.zeros((s_, self.vocab_size), jnp.float32)
+            jax.block_until_ready(self._sample(logits, jnp.zeros(r, jnp.int32), jax.device_put(st),
+                                               num_logprobs=num_logprobs))
+        for r in buckets:  # copy-on-write page copies (n > 1, beam search)
+            self.copy_pages([(0, 0)] * r)
 
 
 def kv_cache_bytes_per_page(info, page_size: int, dtype) -> int:
