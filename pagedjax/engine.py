@@ -132,6 +132,10 @@ class LLMEngine:
                              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=mnbt,
                              max_model_len=self.max_model_len, attn_backend=self.attn_backend,
                              mesh=self.mesh)
+        if self.mesh is not None or jax.process_count() > 1:
+            from pagedjax import parallel
+
+            parallel.setup_engine(self)  # pin KV shardings; multi-host: follow/lead steps
         self.eos_token_ids = tuple(info.eos_token_ids) or (
             (self.tokenizer.eos_token_id,) if self.tokenizer.eos_token_id is not None else ())
         self._states: dict[str, _ReqState] = {}

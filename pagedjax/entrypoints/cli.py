@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from pagedjax.config import EngineArgs
@@ -30,6 +31,13 @@ def add_engine_args(p: argparse.ArgumentParser, with_model: bool = True) -> None
     p.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype, choices=["auto", "int8", "fp8"])
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=d.tensor_parallel_size)
     p.add_argument("--scheduling-policy", default=d.scheduling_policy, choices=["fcfs", "priority"])
+    # Multi-host tensor parallelism (jax.distributed); see pagedjax/parallel.py.
+    p.add_argument("--coordinator-address", default=None,
+                   help="host:port of process 0 (multi-host; or $PAGEDJAX_COORDINATOR_ADDRESS)")
+    p.add_argument("--num-processes", type=int, default=None,
+                   help="processes in the run (or $PAGEDJAX_NUM_PROCESSES)")
+    p.add_argument("--process-id", type=int, default=None,
+                   help="this process, 0 = leader (or $PAGEDJAX_PROCESS_ID)")
 
 
 def engine_kwargs(ns: argparse.Namespace) -> dict:
@@ -72,6 +80,13 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         pass
     ns = parser.parse_args(argv)
+    dist = [getattr(ns, k, None) for k in ("coordinator_address", "num_processes", "process_id")]
+    if any(v is not None for v in dist) or any(
+            os.environ.get(f"PAGEDJAX_{k}") for k in ("COORDINATOR_ADDRESS", "NUM_PROCESSES",
+                                                      "PROCESS_ID", "DISTRIBUTED")):
+        from pagedjax import parallel
+
+        return parallel.distributed_main(ns, *dist)
     return ns.func(ns)
 
 
