@@ -168,40 +168,19 @@ def test_parallel_sampling_shares_pages(llm_small_pool):
     assert shared_peak < independent_peak, (shared_peak, independent_peak)
 
 
-def _reference_beam_search(llm, prompt, beam_width, max_tokens):
-    """Straightforward beam search: full recompute of every beam with transformers-free
-    greedy logprobs from our own engine's single-request scoring (one request per beam)."""
-    import jax
-    import jax.numpy as jnp
+def _reference_beam_search(hf_model, tok, eos, prompt, beam_width, max_tokens):
+    """Straightforward beam search on transformers' model: full recompute of every beam."""
+    import torch
 
-    engine = llm.llm_engine
-    tok = engine.tokenizer
-    eos = set(engine.eos_token_ids)
     ids = tok.encode(prompt)
-    model, params = engine.model, engine.params
-    from models.base import AttentionMetadata
-
-    def logprobs_of(seq):
-        n = len(seq)
-        ps = 16
-        pages = -(-n // ps)
-        kv = model.allocate_kv_caches(pages + 1, ps)
-        meta = AttentionMetadata(
-            positions=jnp.arange(n, dtype=jnp.int32),
-            slot_mapping=jnp.arange(n, dtype=jnp.int32) + ps,
-            kv_lens=jnp.array([n], jnp.int32),
-            page_table=jnp.arange(1, pages + 1, dtype=jnp.int32)[None],
-            cu_q_lens=jnp.array([0, n], jnp.int32), num_seqs=jnp.int32(1))
-        h, _ = model.forward(params, kv, jnp.array(seq, jnp.int32), meta)
-        logits = model.compute_logits(params, h[-1:])
-        return np.asarray(jax.nn.log_softmax(logits[0]))
-
     beams = [([], 0.0)]
     done = []
     for _ in range(max_tokens):
         cands = []
         for toks, cum in beams:
-            lp = logprobs_of(ids + toks)
+            with torch.no_grad():
+                logits = hf_model(torch.tensor([ids + toks])).logits[0, -1]
+            lp = torch.log_softmax(logits.double(), -1).numpy()
             top = np.argsort(-lp)[:2 * beam_width]
             cands += [(cum + float(lp[t]), toks + [int(t)]) for t in top]
         cands.sort(key=lambda c: -c[0])
@@ -220,13 +199,32 @@ def _reference_beam_search(llm, prompt, beam_width, max_tokens):
     return [b[0] for b in done[:beam_width]]
 
 
-def test_beam_search_matches_reference(llm_small_pool):
+def test_beam_search_matches_reference(llm_small_pool, hf_model):
     llm = llm_small_pool
-    prompt = "The capital of France is"
-    out = llm.beam_search([prompt], BeamSearchParams(beam_width=3, max_tokens=6))
+    prompt = ("Paris is the capital and largest city of France. It is known for the Eiffel "
+              "Tower, the Louvre museum and its cafes. The capital of France is")
+    engine = llm.llm_engine
+    peak = {"used": 0}
+    orig = engine.scheduler.schedule
+
+    def spy():
+        out = orig()
+        peak["used"] = max(peak["used"], engine.scheduler.stats().used)
+        return out
+
+    engine.scheduler.schedule = spy
+    try:
+        out = llm.beam_search([prompt], BeamSearchParams(beam_width=3, max_tokens=6))
+    finally:
+        engine.scheduler.schedule = orig
     ids = llm.get_tokenizer().encode(prompt)
     ours = [s.tokens[len(ids):] for s in out[0].sequences]
-    ref = _reference_beam_search(llm, prompt, 3, 6)
+    ref = _reference_beam_search(hf_model, llm.get_tokenizer(), set(engine.eos_token_ids),
+                                 prompt, 3, 6)
+    # Forked beams share the prompt's pages: fewer than 3 independent copies.
+    pages_one = -(-(len(ids) + 6) // 16)
+    assert pages_one >= 3
+    assert peak["used"] < 3 * pages_one, (peak, pages_one)
     assert ours[0] == ref[0]
     assert sorted(map(tuple, ours)) == sorted(map(tuple, ref))
     assert llm.llm_engine.pool_stats().used == 0
