@@ -135,16 +135,21 @@ def ragged_paged_attention(
     qt = q[rows_c].astype(jnp.float32)  # [NT, Bq, Hq, D]
     qt = qt.reshape(num_tiles, q_tile, hkv, g, d)
 
-    # Each tile's pages, gathered once: [NT, C, 2*Hkv, D].
+    # Each tile's pages, K and V gathered separately straight from a strided
+    # view of the pool (XLA fuses the slice into the gather; gathering the
+    # interleaved pages and splitting them afterwards is ~4x slower on CPU).
     pages = page_table[tile_seq]  # [NT, P]
-    kv = kv_pages[pages].reshape(num_tiles, c, two_h, d)
-    scales = None
+    n_pages = kv_pages.shape[0]
+    pool = kv_pages.reshape(n_pages, page_size, hkv, 2, d)
+    k = pool[:, :, :, 0][pages].reshape(num_tiles, c, hkv, d)
+    v = pool[:, :, :, 1][pages].reshape(num_tiles, c, hkv, d)
     if kv_scales is not None:
-        scales = kv_scales[pages].reshape(num_tiles, c, two_h)
-    k = kv[:, :, 0::2, :]
-    v = kv[:, :, 1::2, :]
-    k = dequantize(k, None if scales is None else scales[:, :, 0::2])
-    v = dequantize(v, None if scales is None else scales[:, :, 1::2])
+        sc = kv_scales.reshape(n_pages, page_size, hkv, 2)
+        k = dequantize(k, sc[:, :, :, 0][pages].reshape(num_tiles, c, hkv))
+        v = dequantize(v, sc[:, :, :, 1][pages].reshape(num_tiles, c, hkv))
+    else:
+        k = k.astype(jnp.float32)
+        v = v.astype(jnp.float32)
 
     # Positions: query row i of seq s is at kv_len - q_len + i.
     kv_len_t = jnp.where(tile_valid, kv_lens[tile_seq], 0)  # [NT]
