@@ -248,7 +248,11 @@ class LLMEngine:
                         bad_words_token_ids=state.bad_words_ids)
 
     def step(self) -> list[RequestOutput]:
-        """Run one scheduling + device step; return outputs of requests that changed."""
+        """Run one scheduling + device step; return outputs of requests that changed.
+
+        Outputs are cumulative: each CompletionOutput holds the whole text and
+        token ids so far (a stop-string prefix still being matched is held back).
+        """
         out = self.scheduler.schedule()
         if not out.rows:
             return []
@@ -262,6 +266,8 @@ class LLMEngine:
             req = self.scheduler.get_request(row.request_id)
             rid, idx = self._seq_of[row.request_id]
             state = self._states[rid]
+            if req is not None:
+                state.num_cached_tokens = max(state.num_cached_tokens, req.num_cached_tokens)
             if state.metrics.first_scheduled_time is None:
                 state.metrics.first_scheduled_time = now
                 state.metrics.time_in_queue = now - state.metrics.arrival_time
@@ -330,7 +336,6 @@ class LLMEngine:
             touched[rid] = state
         outputs = []
         for rid, state in touched.items():
-            state.num_cached_tokens = max(state.num_cached_tokens, 0)
             done = all(s.finish_reason is not None for s in state.seqs.values())
             if done:
                 state.finished = True

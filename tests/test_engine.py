@@ -116,7 +116,7 @@ def test_prefix_caching_shared_system_prompt(hf_greedy, hf_model):
     rest = llm.generate(prompts[1:], SamplingParams(temperature=0.0, max_tokens=12), use_tqdm=False)
     stats = llm.llm_engine.pool_stats()
     assert stats.prefix_hits > 0, "the shared system prompt should hit the prefix cache"
-    assert all(o.num_cached_tokens is not None for o in rest)
+    assert all(o.num_cached_tokens >= 16 for o in rest)
     tok = llm.get_tokenizer()
     eos = list(llm.llm_engine.eos_token_ids)
     for p, o in zip(prompts, first + rest):
