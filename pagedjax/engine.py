@@ -123,6 +123,10 @@ class LLMEngine:
         else:
             kv = self.model.allocate_kv_caches(
                 num_pages, args.page_size, None if args.kv_cache_dtype == "auto" else kv_dtype)
+        if (args.scan_layers and self.mesh is None and hasattr(self.model, "can_scan")
+                and self.model.can_scan()):
+            self.params = self.model.stack_params(self.params)
+            kv = self.model.stack_kv_caches(kv)
         self.attn_backend = resolve_backend(args.attention_backend)
         self.scheduler = Scheduler(num_pages, args.page_size, args.max_num_seqs, mnbt,
                                    self.max_model_len,

@@ -140,6 +140,12 @@ class Runner:
 
     @staticmethod
     def _copy_impl(kv_caches, src, dst):
+        if isinstance(kv_caches[0], jax.Array) and kv_caches[0].ndim == 5:  # stacked layers
+            pages, scales = kv_caches
+            pages = pages.at[:, dst].set(pages[:, src])
+            if scales is not None:
+                scales = scales.at[:, dst].set(scales[:, src])
+            return (pages, scales)
         return tuple(copy_pages(pages, scales, src, dst) for pages, scales in kv_caches)
 
     def copy_pages(self, copies: Sequence[tuple[int, int]]) -> None:
