@@ -132,6 +132,9 @@ def test_chat(server):
 
 
 def test_metrics(server):
+    # Generate something first: under pytest-xdist this may be the worker's first test.
+    server.client().completions.create(model=server.model, prompt=PROMPTS[0], max_tokens=3,
+                                       temperature=0)
     m = server.wait_idle()
     for name in ("pagedjax:num_requests_running", "pagedjax:num_requests_waiting",
                  "pagedjax:kv_cache_usage_perc", "pagedjax:prefix_cache_hit_rate",

@@ -183,6 +183,7 @@ def test_gguf_build_matches_transformers(smollm2_gguf):
     assert mine.eos_token == "<|im_end|>" and mine.bos_token == "<|im_start|>"
 
 
+@pytest.mark.gemma3_file
 def test_gguf_build_matches_transformers_gemma3():
     """Gemma 3 (SentencePiece-style "llama" vocabulary, merges re-derived from
     the token order). No Gemma GGUF ships with the test deps, so this runs only
@@ -190,7 +191,7 @@ def test_gguf_build_matches_transformers_gemma3():
     tokenizer for the 262k vocabulary takes over a minute)."""
     path = os.environ.get("PAGEDJAX_TEST_GEMMA3_GGUF")
     if not path:
-        pytest.skip("set PAGEDJAX_TEST_GEMMA3_GGUF to a Gemma 3 GGUF to run")
+        pytest.fail("opt-in test (-m gemma3_file): set PAGEDJAX_TEST_GEMMA3_GGUF to a Gemma 3 GGUF")
     path = Path(path)
     ref = _transformers_gguf_tokenizer(path)
     mine = tokenizer_from_gguf(path)
