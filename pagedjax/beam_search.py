@@ -15,18 +15,11 @@ Scores follow vLLM: ``cum_logprob / len ** length_penalty`` over output tokens.
 from __future__ import annotations
 
 import itertools
-from typing import Any
-
 from pagedjax.outputs import BeamSearchOutput, BeamSearchSequence, get_beam_search_score
 from pagedjax.sampling_params import BeamSearchParams, SamplingParams
 
 
-def _score(tokens_out: int, cum: float, eos_like: bool, length_penalty: float) -> float:
-    n = max(tokens_out, 1)
-    return cum / (n ** length_penalty)
-
-
-def run_beam_search(engine, prompts: list[Any], params: BeamSearchParams,
+def run_beam_search(engine, prompts: list, params: BeamSearchParams,
                     id_counter=None) -> list[BeamSearchOutput]:
     """Run beam search for each prompt (all prompts' beams share each step)."""
     ids = id_counter or itertools.count()
@@ -87,9 +80,8 @@ def run_beam_search(engine, prompts: list[Any], params: BeamSearchParams,
                         target = sid
                     else:
                         target = f"{g['root']}-f{next(fork_ids)}"
-                        child = sched.fork_request(sid, target)
+                        sched.fork_request(sid, target)
                         engine._seq_of[target] = engine._seq_of[sid]
-                        del child
                     req = sched.get_request(target)
                     req.output_token_ids[-1] = toks[-1]
                     new_live[target] = (toks, cum)
@@ -113,14 +105,10 @@ def run_beam_search(engine, prompts: list[Any], params: BeamSearchParams,
             engine._beam_logprobs.clear()
     tok = engine.tokenizer
     for g in groups:
-        seqs = []
-        for toks, cum in g["done"]:
-            score = get_beam_search_score(toks, cum, tok.eos_token_id, params.length_penalty)
-            seqs.append(BeamSearchSequence(
-                tokens=g["prompt_ids"] + toks, logprobs=[], cum_logprob=cum,
-                text=tok.decode(toks, skip_special_tokens=True), finish_reason=None,
-                stop_reason=None))
-            seqs[-1]._score = score
-        seqs.sort(key=lambda s: -s._score)
-        results.append(BeamSearchOutput(sequences=seqs[:bw]))
+        done = sorted(g["done"], key=lambda d: -get_beam_search_score(
+            d[0], d[1], tok.eos_token_id, params.length_penalty))[:bw]
+        seqs = [BeamSearchSequence(tokens=g["prompt_ids"] + toks, logprobs=[], cum_logprob=cum,
+                                   text=tok.decode(toks, skip_special_tokens=True))
+                for toks, cum in done]
+        results.append(BeamSearchOutput(sequences=seqs))
     return results

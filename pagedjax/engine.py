@@ -190,8 +190,6 @@ class LLMEngine:
             raise ValueError(f"the prompt has {len(ids)} tokens but max_model_len is "
                              f"{self.max_model_len}, which must also leave room for at least "
                              "one output token; shorten the prompt or raise max_model_len")
-        if params.prompt_logprobs is not None and self.args.enable_prefix_caching:
-            pass  # handled with a unique cache salt below
         arrival = time.time() if arrival_time is None else arrival_time
         bad_ids = tok_mod.bad_words_token_ids(self.tokenizer, params.bad_words) \
             if params.bad_words else []
@@ -214,6 +212,8 @@ class LLMEngine:
                           fallback_seed=int(self._rng.integers(0, 2**31 - 1)),
                           bad_words_ids=bad_ids,
                           prompt_logprobs=[None] if params.prompt_logprobs is not None else None)
+        # Prompt logprobs need every prompt position computed: a unique salt keeps
+        # the prefix cache from skipping any of them.
         salt = f"plp-{request_id}-{next(self._counter)}" if params.prompt_logprobs is not None else None
         req = Request(request_id, ids, params, eos_token_ids=self.eos_token_ids,
                       arrival_time=arrival, priority=priority, max_model_len=self.max_model_len,
@@ -230,10 +230,13 @@ class LLMEngine:
             state = self._states.pop(rid, None)
             if state is None:
                 continue
-            for i in range(state.params.n):
-                sid = rid if i == 0 else f"{rid}-{i}"
+            for sid in self._sched_ids(rid):
                 self.scheduler.abort_request(sid)
                 self._seq_of.pop(sid, None)
+
+    def _sched_ids(self, rid: str) -> list[str]:
+        """Scheduler ids of a request's sequences (the scheduler names n > 1 children)."""
+        return [sid for sid, (r, _) in self._seq_of.items() if r == rid]
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._states)
@@ -346,8 +349,8 @@ class LLMEngine:
                 state.metrics.finished_time = now
                 self.finished_metrics.append(state.metrics)
                 self._states.pop(rid, None)
-                for i in range(state.params.n):
-                    self._seq_of.pop(rid if i == 0 else f"{rid}-{i}", None)
+                for sid in self._sched_ids(rid):
+                    self._seq_of.pop(sid, None)
             outputs.append(self._make_output(state))
         return outputs
 

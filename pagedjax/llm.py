@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 from pagedjax.config import EngineArgs
 from pagedjax.engine import LLMEngine
-from pagedjax.outputs import BeamSearchOutput, BeamSearchSequence, RequestOutput
+from pagedjax.outputs import BeamSearchOutput, RequestOutput
 from pagedjax.sampling_params import BeamSearchParams, SamplingParams
 
 

@@ -165,7 +165,8 @@ class Runner:
         p = min(_pow2(max_pages, 4), _pow2(self.max_pages, 4))
         return t, s, p
 
-    def prepare(self, rows, sample_rows: Sequence[SampleRow], prompt_lp: dict[str, int]):
+    def prepare(self, rows, sample_rows: Sequence[SampleRow], prompt_lp: dict[str, int],
+                prompt_tokens: dict[str, list[int]] | None = None):
         """Host-side padding. Returns (BatchInputs numpy pytree, SamplingTensors, statics)."""
         ps = self.page_size
         num_tokens = sum(len(r.token_ids) for r in rows)
@@ -207,10 +208,10 @@ class Runner:
             for i, r in enumerate(rows):
                 if r.request_id in prompt_lp:
                     start = int(cu[i])
-                    full = prompt_lp_tokens = self._prompt_tokens[r.request_id]
+                    full = prompt_tokens[r.request_id]
                     for k in range(len(r.token_ids)):
                         nxt = r.start_pos + k + 1
-                        next_ids[start + k] = full[nxt] if nxt < len(prompt_lp_tokens) else 0
+                        next_ids[start + k] = full[nxt] if nxt < len(full) else 0
         meta = AttentionMetadata(
             positions=positions, slot_mapping=slots, kv_lens=kv_lens, page_table=page_table,
             cu_q_lens=cu, num_seqs=np.int32(len(rows)), max_q_len=1 if decode else None,
@@ -232,9 +233,8 @@ class Runner:
                 prompt_tokens: dict[str, list[int]] | None = None) -> StepResult:
         """Run one step. ``prompt_lp`` maps request ids wanting prompt logprobs to k."""
         prompt_lp = prompt_lp or {}
-        self._prompt_tokens = prompt_tokens or {}
         batch, st, sample_index, num_logprobs, prompt_k, shape = self.prepare(
-            rows, sample_rows, prompt_lp)
+            rows, sample_rows, prompt_lp, prompt_tokens or {})
         key = (shape, num_logprobs, prompt_k, tuple(getattr(st, f) for f in sampler_mod._META))
         self.shapes_seen.add(key)
         t0 = time.perf_counter()
