@@ -65,7 +65,7 @@ def make_inputs(key, q_lens, kv_lens, *, hq, hkv, d, ps, kv_dtype, q_dtype=jnp.b
         c += m
     cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
     q = jax.random.normal(k2, (int(cu[-1]), hq, d), jnp.float32).astype(q_dtype)
-    vals = jax.random.normal(k3, (n, ps, 2 * hkv, d), jnp.float32)
+    vals = jax.random.normal(k3, (n, 2, hkv, ps, d), jnp.float32)
     scales = None
     if jnp.dtype(kv_dtype) in (jnp.dtype(jnp.int8), jnp.dtype(jnp.float8_e4m3fn)):
         pages, scales = quantize(vals, kv_dtype)

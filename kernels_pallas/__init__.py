@@ -42,7 +42,7 @@ def resolve_backend(backend: str = "auto") -> str:
 
 def _check_page_table_width(kv_pages, kv_lens, page_table, num_seqs, max_q_len) -> None:
     """page_table must cover each context; checked where the values are known."""
-    page_size = kv_pages.shape[1]
+    page_size = kv_pages.shape[3]
     cap = page_table.shape[1] * page_size
     if max_q_len is not None and max_q_len > cap:
         raise ValueError(

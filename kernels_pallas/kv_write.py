@@ -2,13 +2,20 @@
 
 Layout (one array per layer; the engine keeps a tuple of them):
 
-    kv_pages  [num_pages, page_size, 2 * num_kv_heads, head_dim]
+    kv_pages  [num_pages, 2, num_kv_heads, page_size, head_dim]
 
-Along axis 2, K and V of each KV head are interleaved: index ``2*h`` holds the
-key of head ``h`` and ``2*h + 1`` its value. Interleaving keeps one head's K and
-V together, so splitting axis 2 into N equal parts (tensor parallelism) gives
-each device whole heads, and a TPU kernel can DMA one page of one head's K and
-V in a single copy.
+A page holds K (index 0 on axis 1) and V (index 1) of ``page_size`` tokens,
+head-major: the keys of one head on one page are one contiguous
+``[page_size, head_dim]`` block. Every backend reads whole blocks:
+
+* the CPU/XLA path gathers ``pool[page_ids, 0]`` straight into the batched
+  matmul layout ``[.., num_kv_heads, page_size, head_dim]`` (no transpose);
+* a TPU kernel DMAs one page (K and V of all heads) in one copy, and a block's
+  last two dims ``(page_size, head_dim)`` match the TPU tile;
+* a GPU kernel loads a head's keys of a page as one dense tile.
+
+Splitting axis 2 into N equal parts (tensor parallelism) gives each device
+whole heads.
 
 Page 0 is the null page: padded tokens write there (slot 0), padded
 page-table entries point there, and nothing valid is ever read from it.
@@ -16,7 +23,7 @@ page-table entries point there, and nothing valid is ever read from it.
 Quantized caches (``int8`` or ``float8_e4m3fn``) carry a per-token, per-head
 scale beside the data:
 
-    kv_scales [num_pages, page_size, 2 * num_kv_heads]  float32
+    kv_scales [num_pages, 2, num_kv_heads, page_size]  float32
 
 with ``value ~= data.astype(f32) * scale``. For unquantized caches
 ``kv_scales`` is ``None``.
@@ -47,12 +54,6 @@ def is_quantized(dtype) -> bool:
     return jnp.dtype(dtype) in _QMAX
 
 
-def interleave_kv(k: jax.Array, v: jax.Array) -> jax.Array:
-    """k, v [T, Hkv, D] -> [T, 2*Hkv, D] with K at even, V at odd indices."""
-    t, h, d = k.shape
-    return jnp.stack([k, v], axis=2).reshape(t, 2 * h, d)
-
-
 def quantize(x: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
     """Per-row (last axis) symmetric quantization.
 
@@ -79,8 +80,8 @@ def dequantize(data: jax.Array, scale: jax.Array | None, dtype=jnp.float32) -> j
 
 
 def write_kv(
-    kv_pages: jax.Array,  # [num_pages, page_size, 2*Hkv, D]
-    kv_scales: jax.Array | None,  # [num_pages, page_size, 2*Hkv] f32 or None
+    kv_pages: jax.Array,  # [num_pages, 2, Hkv, page_size, D]
+    kv_scales: jax.Array | None,  # [num_pages, 2, Hkv, page_size] f32 or None
     k: jax.Array,  # [T, Hkv, D]
     v: jax.Array,  # [T, Hkv, D]
     slot_mapping: jax.Array,  # i32[T]
@@ -89,26 +90,26 @@ def write_kv(
 
     Under ``jit`` with the pool donated this is an in-place update.
     """
-    num_pages, page_size, two_h, d = kv_pages.shape
-    if k.shape != v.shape or k.ndim != 3 or 2 * k.shape[1] != two_h or k.shape[2] != d:
+    num_pages, two, hkv, page_size, d = kv_pages.shape
+    if k.shape != v.shape or k.ndim != 3 or k.shape[1] != hkv or k.shape[2] != d:
         raise ValueError(
-            f"k/v: expected [T, {two_h // 2}, {d}] each to match kv_pages {kv_pages.shape}, "
+            f"k/v: expected [T, {hkv}, {d}] each to match kv_pages {kv_pages.shape}, "
             f"got k {k.shape} and v {v.shape}"
         )
-    kv = interleave_kv(k, v)  # [T, 2*Hkv, D]
-    flat = kv_pages.reshape(num_pages * page_size, two_h, d)
+    kv = jnp.stack([k, v], axis=1)  # [T, 2, Hkv, D]
+    page = slot_mapping // page_size
+    off = slot_mapping % page_size
     if kv_scales is None:
-        flat = flat.at[slot_mapping].set(kv.astype(kv_pages.dtype), mode="drop")
-        return flat.reshape(kv_pages.shape), None
-    data, scale = quantize(kv, kv_pages.dtype)
-    flat = flat.at[slot_mapping].set(data, mode="drop")
-    sflat = kv_scales.reshape(num_pages * page_size, two_h)
-    sflat = sflat.at[slot_mapping].set(scale, mode="drop")
-    return flat.reshape(kv_pages.shape), sflat.reshape(kv_scales.shape)
+        kv_pages = kv_pages.at[page, :, :, off].set(kv.astype(kv_pages.dtype), mode="drop")
+        return kv_pages, None
+    data, scale = quantize(kv, kv_pages.dtype)  # [T, 2, Hkv, D], [T, 2, Hkv]
+    kv_pages = kv_pages.at[page, :, :, off].set(data, mode="drop")
+    kv_scales = kv_scales.at[page, :, :, off].set(scale, mode="drop")
+    return kv_pages, kv_scales
 
 
 def copy_pages(
-    kv_pages: jax.Array,  # [num_pages, page_size, 2*Hkv, D]
+    kv_pages: jax.Array,  # [num_pages, 2, Hkv, page_size, D]
     kv_scales: jax.Array | None,
     src: jax.Array,  # i32[C]
     dst: jax.Array,  # i32[C]
@@ -131,9 +132,9 @@ def allocate_kv_pages(
     """One zero-filled (pages, scales) pair per layer."""
     out = []
     for _ in range(num_layers):
-        pages = jnp.zeros((num_pages, page_size, 2 * num_kv_heads, head_dim), dtype)
+        pages = jnp.zeros((num_pages, 2, num_kv_heads, page_size, head_dim), dtype)
         scales = (
-            jnp.ones((num_pages, page_size, 2 * num_kv_heads), jnp.float32)
+            jnp.ones((num_pages, 2, num_kv_heads, page_size), jnp.float32)
             if is_quantized(dtype)
             else None
         )

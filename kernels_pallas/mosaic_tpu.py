@@ -1,7 +1,9 @@
 """Ragged paged attention as a Pallas kernel lowered through Mosaic (TPU).
 
-Same contract as ``reference.py``. Runs natively on TPU and, on CPU, in the
-TPU interpreter (``interpret=True`` becomes ``pltpu.InterpretParams()``).
+Same contract as ``reference.py``; pool layout as in ``kv_write.py``:
+``kv_pages [N, 2, Hkv, page_size, D]`` (axis 1: K, V), quantized scales
+``kv_scales [N, 2, Hkv, page_size]`` f32. Runs natively on TPU and, on CPU,
+in the TPU interpreter (``interpret=True`` becomes ``pltpu.InterpretParams()``).
 
 Design
 ------
@@ -15,37 +17,50 @@ valid rows back to ``[T, Hq, D]``.
 Grid ``(NT,)`` with ``PrefetchScalarGridSpec``: the tile table (rows, first
 position, kv length, sequence) and the flattened page table are scalar
 prefetch (SMEM). One program handles *all* KV heads of its tile, so each page
-is copied once as one contiguous DMA of ``[page_size * 2*Hkv, D]`` (the pool
-viewed, for free, as ``[N, page_size*2*Hkv, D]``). ``kv_pages`` (and
+is copied once: a page is one contiguous ``[2, Hkv, page_size, D]`` block of
+the pool, so K and V of all heads arrive in one DMA. ``kv_pages`` (and
 ``kv_scales``) stay in HBM (``memory_space=pl.ANY``); blocks of ``PPB`` pages
-(``BK = PPB*page_size`` tokens) are copied into a two-slot VMEM buffer with
-``pltpu.make_async_copy``, one DMA semaphore per slot: block ``b+1`` is in
-flight while block ``b`` is computed. Pages past the context are fetched from
-the null page 0 (cheap, keeps start/wait paired) and masked.
+(``BK = PPB*page_size`` tokens) are copied into a two-slot VMEM buffer
+``[2, PPB, 2, Hkv, page_size, D]`` with ``pltpu.make_async_copy`` (page ``j``
+of a block into ``buf[slot, j]``), one DMA semaphore per slot: block ``b+1``
+is in flight while block ``b`` is computed. Pages past the context are
+fetched from the null page 0 (cheap, keeps start/wait paired) and masked.
 
-In VMEM, K of head ``h`` is rows ``2h, 2h + 2Hkv, ...`` of the block buffer
-and V rows ``2h+1, ...``: one strided sublane load each
-(``pl.ds(2h, BK, stride=2Hkv)``), never a reshape of a ref (the interpreter
-cannot do those). Quantized pools: the scales page ``[page_size, 2Hkv]`` f32
-(native layout, tokens on sublanes) is DMA'd beside the data; K and V are
-dequantized after the load with the ``[BK, 1]`` column of their head.
+In VMEM, K of head ``h`` is ``buf[slot, :, 0, h]`` (V: ``[slot, :, 1, h]``):
+a ``[PPB, page_size, D]`` load indexed on leading dims only, whose last two
+dims are whole ``(sublane, 128-lane)`` tiles, folded to ``[BK, D]`` by a
+value reshape (narrow dtypes are widened to f32 first when ``page_size`` is
+not a multiple of their packed sublane tile; the JAX TPU paged-attention
+kernels fold the same way). No strided loads, no reshape of a ref (the
+interpreter cannot do those).
+
+Quantized pools: the scales of a page, ``[2, Hkv, page_size]`` f32 (tokens on
+lanes, as in the pool), are DMA'd beside the data into ``[2, PPB, 2, Hkv,
+page_size]``. They are applied where their layout already fits, as a
+``[1, BK]`` row over the key axis: the K scale multiplies the logits
+(``q.(k*s) = (q.k)*s``) and the V scale the probabilities before ``P.V``
+(``sum_c p_c s_c v_c``), so the raw int8/fp8 values (exact in bf16) go
+through the MXU and no lane-to-sublane transpose is needed. The row of a
+block is the concatenation of its pages' rows along lanes.
 
 Per head: logits ``q_h [M, D] x k^T`` (f32 accumulation), soft cap, a mask
 from iotas (context, causal, window, valid rows; per-row query offsets come
 in as a constant ``[M, 1]`` input, so no vector integer division in the
 kernel), online softmax with ``m``, ``l``, ``acc`` in VMEM scratch. V rows
-past the context are zeroed so NaN garbage in unused pages never reaches the
-output.
+(and V scales) past the context are zeroed so NaN garbage in unused pages
+never reaches the output.
 
 Native limits (checked, ValueError): ``head_dim`` a multiple of 128 or
 exactly 64 (lane tiles; 64 runs at half lane use, no padding copy of the
-cache); ``page_size * 2*Hkv`` a multiple of the dtype's sublane tile
-(8 rows of 32 bits: 8 for f32, 16 for bf16, 32 for int8/fp8) so every page
-lands tile-aligned in VMEM. Interpret mode accepts any sizes. Not done on
-TPU (one or two TensorCores per chip, a sequential grid): splitting a long
-context over programs; unverified on a real TPU: strided sublane loads of
-packed dtypes (bf16/int8/fp8) at odd strides, which Mosaic may reject; the
-known fallback is a uint32 view of K/V row pairs.
+cache); ``page_size`` a multiple of 8 (whole f32 sublane tiles, so the
+``[PPB, page_size, D]`` fold is tile-aligned); quantized pools with
+``page_size`` not a multiple of 128 use one page per block (the scale rows
+of several pages would be joined at lane offsets that are not multiples of
+128). Interpret mode accepts any sizes. Not done on TPU (one or two
+TensorCores per chip, a sequential grid): splitting a long context over
+programs. Unverified on a real TPU (only lowered to Mosaic MLIR on CPU):
+the Mosaic compiler's acceptance of the fold for packed dtypes and of the
+lane concatenation of scale rows.
 """
 
 from __future__ import annotations
@@ -63,6 +78,8 @@ from kernels_pallas.reference import check_args
 
 _NEG = -1e30
 _VMEM_KV_BUDGET = 8 << 20  # both slots of the K/V block buffer
+_LANES = 128
+_F32_SUBLANES = 8
 
 
 def interpret_params():
@@ -77,6 +94,7 @@ def _compiler_params(vmem_limit_bytes: int):
 
 
 def _sublane_rows(dtype) -> int:
+    """Rows of one (sublane, lane) tile of ``dtype``: 8 f32, 16 bf16, 32 int8/fp8."""
     return 8 * (4 // jnp.dtype(dtype).itemsize)
 
 
@@ -85,8 +103,13 @@ def _round_up(x: int, m: int) -> int:
 
 
 def plan(t, s, hq, hkv, d, page_size, pages_per_seq, kv_itemsize, max_q_len,
-         block_q=None, pages_per_block=None):
-    """Static block sizes: (BQ, M, PPB, num_tiles)."""
+         block_q=None, pages_per_block=None, *, quantized=False, native=False):
+    """Static block sizes: (BQ, M, PPB, num_tiles).
+
+    Natively, a quantized pool whose ``page_size`` is not a multiple of 128
+    gets one page per block (see the module docstring); asking for more
+    raises ValueError.
+    """
     g = hq // hkv
     if block_q is None:
         bound = t if max_q_len is None else min(max_q_len, t)
@@ -94,9 +117,16 @@ def plan(t, s, hq, hkv, d, page_size, pages_per_seq, kv_itemsize, max_q_len,
     m_rows = _round_up(block_q * g, 16)
     num_tiles = t if block_q == 1 else min(t, -(-t // block_q) + s)
     num_tiles = max(num_tiles, 1)
+    one_page = native and quantized and page_size % _LANES != 0
     if pages_per_block is None:
-        page_bytes = page_size * 2 * hkv * d * kv_itemsize
+        page_bytes = 2 * hkv * page_size * d * kv_itemsize
         pages_per_block = max(1, min(512 // page_size, _VMEM_KV_BUDGET // (2 * page_bytes)))
+        if one_page:
+            pages_per_block = 1
+    elif one_page and pages_per_block > 1:
+        raise ValueError(
+            f"pages_per_block: a quantized pool with page_size {page_size} (not a multiple "
+            f"of {_LANES}) takes 1 page per block on TPU, got {pages_per_block}")
     pages_per_block = max(1, min(pages_per_block, pages_per_seq))
     return block_q, m_rows, pages_per_block, num_tiles
 
@@ -115,10 +145,13 @@ def _kernel(
         o_ref, kv_buf, sems, acc_ref, m_ref, l_ref = rest
         sc_hbm = sc_buf = sc_sems = None
     t = pl.program_id(0)
-    two_h = 2 * hkv
     bk = ppb * page_size
-    page_rows = page_size * two_h
+    d = kv_buf.shape[-1]
     m_rows = q_ref.shape[-2]
+    # Fold [PPB, page_size, D] -> [BK, D] in the pool dtype only when every
+    # page is whole packed tiles; else (and for int8/fp8, which are cast
+    # through f32 anyway) widen to f32 first.
+    fold_native = (not quantized) and page_size % _sublane_rows(kv_buf.dtype) == 0
 
     nrows = nrows_ref[t]
     pos0 = pos0_ref[t]
@@ -137,13 +170,30 @@ def _kernel(
             idx = b * ppb + j
             pid = jnp.where(idx < last_page,
                             pt_ref[seq * pages_per_seq + jnp.minimum(idx, pages_per_seq - 1)], 0)
-            out.append(pltpu.make_async_copy(
-                kv_hbm.at[pid], kv_buf.at[slot, pl.ds(j * page_rows, page_rows)], sems.at[slot]))
+            # One page = K and V of all heads, contiguous in HBM and in VMEM.
+            out.append(pltpu.make_async_copy(kv_hbm.at[pid], kv_buf.at[slot, j], sems.at[slot]))
             if quantized:
-                out.append(pltpu.make_async_copy(
-                    sc_hbm.at[pid], sc_buf.at[slot, pl.ds(j * page_size, page_size)],
-                    sc_sems.at[slot]))
+                out.append(pltpu.make_async_copy(sc_hbm.at[pid], sc_buf.at[slot, j],
+                                                 sc_sems.at[slot]))
         return out
+
+    def load(slot, kv, h):
+        """K (kv=0) or V (kv=1) of head h in the block: [BK, D]."""
+        if ppb == 1:
+            x = kv_buf[slot, 0, kv, h]  # [page_size, D]
+        else:
+            x = kv_buf[slot, :, kv, h]  # [PPB, page_size, D]
+            if not fold_native:
+                x = x.astype(jnp.float32)
+            x = x.reshape(bk, d)
+        if x.dtype != jnp.dtype(compute_dtype) and x.dtype != jnp.dtype(jnp.float32):
+            x = x.astype(jnp.float32)  # no direct int8/fp8 -> bf16 cast in Mosaic
+        return x.astype(compute_dtype)
+
+    def scale_row(slot, kv, h):
+        """Scales of head h in the block as a [1, BK] row (keys on lanes)."""
+        rows = [sc_buf[slot, j, kv, pl.ds(h, 1), :] for j in range(ppb)]  # [1, page_size]
+        return rows[0] if ppb == 1 else jnp.concatenate(rows, axis=1)
 
     acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
     m_ref[...] = jnp.full(m_ref.shape, _NEG, jnp.float32)
@@ -177,17 +227,18 @@ def _kernel(
             mask = mask & (k_pos > q_pos - window)
         col = b * bk + lax.broadcasted_iota(jnp.int32, (bk, 1), 0)
         col_ok = (col < hi) & (col >= lo)  # [BK, 1]
+        if quantized:
+            lane = b * bk + lax.broadcasted_iota(jnp.int32, (1, bk), 1)
+            lane_ok = (lane < hi) & (lane >= lo)  # [1, BK]
         for h in range(hkv):
-            k = kv_buf[slot, pl.ds(2 * h, bk, stride=two_h), :]
-            v = kv_buf[slot, pl.ds(2 * h + 1, bk, stride=two_h), :]
-            if quantized:
-                k = k.astype(jnp.float32) * sc_buf[slot, :, pl.ds(2 * h, 1)]
-                v = v.astype(jnp.float32) * sc_buf[slot, :, pl.ds(2 * h + 1, 1)]
-            k = k.astype(compute_dtype)
-            v = jnp.where(col_ok, v.astype(compute_dtype), jnp.zeros((), compute_dtype))
+            k = load(slot, 0, h)
+            v = jnp.where(col_ok, load(slot, 1, h), jnp.zeros((), compute_dtype))
             q = q_ref[h].astype(compute_dtype)
             s = lax.dot_general(q, k, (((1,), (1,)), ((), ())),
-                                preferred_element_type=jnp.float32) * sm_scale
+                                preferred_element_type=jnp.float32)
+            if quantized:
+                s = s * scale_row(slot, 0, h)  # garbage columns are masked below
+            s = s * sm_scale
             if soft_cap is not None:
                 s = soft_cap * jnp.tanh(s / soft_cap)
             s = jnp.where(mask, s, _NEG)
@@ -197,6 +248,8 @@ def _kernel(
             p = jnp.where(mask, jnp.exp(s - m_new), 0.0)
             l_ref[h] = l_ref[h] * alpha + jnp.sum(p, axis=1, keepdims=True)
             m_ref[h] = m_new
+            if quantized:
+                p = p * jnp.where(lane_ok, scale_row(slot, 1, h), 0.0)
             pv = lax.dot_general(p.astype(compute_dtype), v, (((1,), (0,)), ((), ())),
                                  preferred_element_type=jnp.float32)
             acc_ref[h] = acc_ref[h] * alpha + pv
@@ -210,7 +263,7 @@ def _kernel(
 
 
 def _check_kernel_args(q, kv_pages, native: bool) -> None:
-    _, page_size, two_h, d = kv_pages.shape
+    _, _, _, page_size, d = kv_pages.shape
     if jnp.dtype(q.dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
         raise ValueError(f"q: dtype must be float32 or bfloat16, got {q.dtype}")
     if jnp.dtype(kv_pages.dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16),
@@ -218,13 +271,12 @@ def _check_kernel_args(q, kv_pages, native: bool) -> None:
         raise ValueError(f"kv_pages: unsupported dtype {kv_pages.dtype}")
     if not native:
         return
-    if d != 64 and d % 128:
+    if d != 64 and d % _LANES:
         raise ValueError(f"head_dim: the Mosaic kernel needs 64 or a multiple of 128, got {d}")
-    sub = _sublane_rows(kv_pages.dtype)
-    if (page_size * two_h) % sub:
+    if page_size % _F32_SUBLANES:
         raise ValueError(
-            f"page_size: page_size * 2*num_kv_heads = {page_size * two_h} must be a multiple "
-            f"of {sub} for {jnp.dtype(kv_pages.dtype).name} pages on TPU")
+            f"page_size: must be a multiple of {_F32_SUBLANES} on TPU (a page's "
+            f"[page_size, head_dim] block of one head is whole sublane tiles), got {page_size}")
 
 
 def ragged_paged_attention(
@@ -240,7 +292,8 @@ def ragged_paged_attention(
     params) or an interpreter params object.
     """
     check_args(q, kv_pages, kv_lens, page_table, cu_q_lens, kv_scales)
-    _check_kernel_args(q, kv_pages, native=interpret is False)
+    native = interpret is False or interpret is None
+    _check_kernel_args(q, kv_pages, native=native)
     if kv_scales is not None and jnp.dtype(kv_scales.dtype) != jnp.dtype(jnp.float32):
         raise ValueError(f"kv_scales: expected float32, got {kv_scales.dtype}")
     if sliding_window is not None and int(sliding_window) < 1:
@@ -252,12 +305,12 @@ def ragged_paged_attention(
     elif interpret is None:
         interpret = False
     t, hq, d = q.shape
-    _, page_size, two_h, _ = kv_pages.shape
-    hkv = two_h // 2
+    _, _, hkv, page_size, _ = kv_pages.shape
     s, p = page_table.shape
     bq, m_rows, ppb, num_tiles = plan(t, s, hq, hkv, d, page_size, p,
                                       jnp.dtype(kv_pages.dtype).itemsize, max_q_len,
-                                      block_q, pages_per_block)
+                                      block_q, pages_per_block,
+                                      quantized=kv_scales is not None, native=native)
     return _run(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, kv_scales,
                 sm_scale=float(sm_scale),
                 sliding_window=None if sliding_window is None else int(sliding_window),
@@ -275,8 +328,7 @@ def _run(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, kv_scales, *,
     from kernels_pallas.triton_gpu import tile_table  # pure jnp
 
     t, hq, d = q.shape
-    n, page_size, two_h, _ = kv_pages.shape
-    hkv = two_h // 2
+    _, _, hkv, page_size, _ = kv_pages.shape
     g = hq // hkv
     s, p = page_table.shape
     num_seqs = jnp.reshape(num_seqs, ()).astype(jnp.int32)
@@ -296,8 +348,6 @@ def _run(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, kv_scales, *,
 
     quantized = kv_scales is not None
     compute_dtype = jnp.float32 if q.dtype == jnp.float32 else q.dtype
-    kv_flat = kv_pages.reshape(n, page_size * two_h, d)  # free: pages are contiguous
-    bk = ppb * page_size
     kernel = functools.partial(
         _kernel, quantized=quantized, hkv=hkv, page_size=page_size, pages_per_seq=p,
         ppb=ppb, sm_scale=sm_scale, soft_cap=soft_cap, window=sliding_window,
@@ -308,12 +358,12 @@ def _run(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, kv_scales, *,
         pl.BlockSpec((None, hkv, m_rows, d), lambda i, *_: (i, 0, 0, 0)),
         pl.BlockSpec(memory_space=pl.ANY),
     ]
-    scratch = [pltpu.VMEM((2, bk * two_h, d), kv_pages.dtype)]
-    inputs = [roff, qt, kv_flat]
+    scratch = [pltpu.VMEM((2, ppb, 2, hkv, page_size, d), kv_pages.dtype)]
+    inputs = [roff, qt, kv_pages]
     if quantized:
         in_specs.append(pl.BlockSpec(memory_space=pl.ANY))
         inputs.append(kv_scales)
-        scratch.append(pltpu.VMEM((2, bk, two_h), jnp.float32))
+        scratch.append(pltpu.VMEM((2, ppb, 2, hkv, page_size), jnp.float32))
     scratch.append(pltpu.SemaphoreType.DMA((2,)))
     if quantized:
         scratch.append(pltpu.SemaphoreType.DMA((2,)))

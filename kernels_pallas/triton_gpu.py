@@ -1,8 +1,9 @@
 """Ragged paged attention as a Pallas kernel lowered through Triton (GPU).
 
-Same contract as ``reference.py`` (q [T, Hq, D], kv_pages [N, ps, 2*Hkv, D]
-with K/V interleaved on axis 2, kv_lens, page_table, cu_q_lens, num_seqs,
-optional per-token-per-head ``kv_scales`` for int8 / fp8 caches).
+Same contract as ``reference.py`` (q [T, Hq, D], kv_pages
+[N, 2, Hkv, page_size, D] as laid out by ``kv_write.py``, kv_lens,
+page_table, cu_q_lens, num_seqs, optional per-token-per-head ``kv_scales``
+[N, 2, Hkv, page_size] for int8 / fp8 caches).
 
 Design
 ------
@@ -31,13 +32,21 @@ possible context, at most 16). With one split the kernel normalises and
 writes the output directly; with several it writes partial
 ``(acc, m, l)`` in f32 and a jnp step combines them (log-sum-exp merge).
 
-K/V blocks are gathered token by token: the kernel computes each key's page
-from the page table (a vector load), then the flat row
-``(page*ps + slot)*2*Hkv + 2*h`` (K) / ``+1`` (V) of the pool viewed as
-``[N*ps*2*Hkv, D]`` and loads a ``[BK, D]`` tile with a masked gather (each
-row is D contiguous elements, coalesced). Keys outside the context are masked
-at load time (``other=0``), so NaN garbage in unused pages is never read.
-Any page size works (it is not a block dimension).
+K/V blocks are read page by page. The pool is viewed as
+``[N*2*Hkv, page_size, D]``: *plane* ``(page*2 + kv)*Hkv + h`` is the
+contiguous ``[page_size, D]`` block of head ``h``'s keys (``kv = 0``) or
+values (``kv = 1``) on that page. A key block is ``PPB`` *chunks* of ``R``
+rows (``PPB * R = BK``, both powers of two): with pages of at most ``BK``
+tokens a chunk is a whole page (``R = next_pow2(page_size)``, ``PPB = BK /
+R`` pages per block); with larger pages a block is one ``R = BK``-row slice
+of one page. The kernel loads the ``PPB`` page ids of a block from the page
+table (one vector load), then each chunk as a dense ``[R, D]`` tile of its
+plane (one ``[PPB, R, D]`` masked load, rows and columns contiguous within a
+chunk), reshaped to the ``[BK, D]`` dot operand; the scales of a chunk are
+likewise one contiguous run of its scale plane. Keys outside the context
+(and the padding rows of a non-power-of-two page) are masked at load time,
+so NaN garbage in unused pages is never read. Any page size works; a power
+of two wastes no lanes.
 
 Quantized caches: K and V are cast to the compute dtype (that of q) before
 the dots; the K scale multiplies the logits' columns and the V scale the
@@ -49,6 +58,7 @@ forced to 0, so fully masked rows give 0, never NaN.
 
 Native limits (checked, ValueError): head_dim a power of two >= 16 (Triton
 dot); ``interpret=True`` accepts any power of two so CPU tests can stay tiny.
+``block_k`` must be a power of two >= 16.
 """
 
 from __future__ import annotations
@@ -118,19 +128,36 @@ def tile_table(cu_q_lens, kv_lens, num_seqs, num_rows: int, block_q: int, num_ti
     return as32(row0), as32(nrows), as32(pos0), as32(kv_len), seq
 
 
+def chunk_geometry(page_size: int, block_k: int) -> tuple[int, int, int]:
+    """How a ``block_k``-key block maps onto pages: ``(R, chunks_per_page, PPB)``.
+
+    A chunk is ``R`` rows of one page read as one dense tile; a block is
+    ``PPB`` consecutive chunks (``PPB * R == block_k``). Pages of at most
+    ``block_k`` tokens are one chunk each (``R = next_pow2(page_size)``);
+    larger pages are cut into ``ceil(page_size / block_k)`` chunks of
+    ``R = block_k`` rows and a block is one chunk.
+    """
+    r = _next_pow2(page_size)
+    if r <= block_k:
+        return r, 1, block_k // r
+    return block_k, -(-page_size // block_k), 1
+
+
 def _kernel(
     # scalar tables
     row0_ref, nrows_ref, pos0_ref, kvlen_ref, seq_ref, pt_ref,
     # tensors
     q_ref, kv_ref, *rest,
-    quantized: bool, g: int, m_rows: int, block_k: int, page_size: int,
-    pages_per_seq: int, two_h: int, sm_scale: float, soft_cap, window,
-    splits: int, compute_dtype, precision,
+    quantized: bool, g: int, m_rows: int, page_size: int, rows_per_chunk: int,
+    chunks_per_page: int, chunks_per_block: int, pages_per_seq: int, hkv: int,
+    sm_scale: float, soft_cap, window, splits: int, compute_dtype, precision,
 ):
     if quantized:
         sc_ref, *outs = rest
     else:
         sc_ref, outs = None, list(rest)
+    ps, rc, nsub, ppb = page_size, rows_per_chunk, chunks_per_page, chunks_per_block
+    block_k = ppb * rc
     t = pl.program_id(0)
     h = pl.program_id(1)
     sp = pl.program_id(2)
@@ -149,36 +176,58 @@ def _kernel(
     q = _gpu_load(q_ref.at[h, pl.ds(row0 * g, m_rows), :], row_ok[:, None], 0.0)
     q = q.astype(compute_dtype)
 
-    # Keys this tile can see, as a block range, then this split's share.
-    hi = jnp.minimum(jnp.minimum(kv_len, pos0 + nrows), pages_per_seq * page_size)
+    def chunk_of(x):  # chunk holding key position x
+        if nsub == 1:
+            return x // ps
+        return (x // ps) * nsub + (x % ps) // rc
+
+    # Keys this tile can see, as a chunk range and a block range, then this
+    # split's share of the blocks.
+    hi = jnp.minimum(jnp.minimum(kv_len, pos0 + nrows), pages_per_seq * ps)
     lo = 0 if window is None else jnp.maximum(pos0 - window + 1, 0)
-    b_lo = lo // block_k
-    b_hi = jnp.where(nrows > 0, (hi + block_k - 1) // block_k, b_lo)
+    live = (nrows > 0) & (hi > lo)
+    c_lo = chunk_of(lo)
+    c_hi = chunk_of(jnp.maximum(hi - 1, 0))  # last chunk with a visible key
+    b_lo = c_lo // ppb
+    b_hi = jnp.where(live, c_hi // ppb + 1, b_lo)
     nblk = jnp.maximum(b_hi - b_lo, 0)
     per = (nblk + splits - 1) // splits
     b_start = b_lo + sp * per
     b_end = jnp.minimum(b_start + per, b_hi)
 
-    kk = jnp.arange(block_k, dtype=jnp.int32)
-    # Gathers index with arrays on every axis (what both Triton and the
-    # interpreter accept): [BK, 1] rows x [1, D] columns.
+    ci = jnp.arange(ppb, dtype=jnp.int32)
+    rr = jnp.arange(rc, dtype=jnp.int32)
+    # Loads index with arrays on every axis (what both Triton and the
+    # interpreter accept): [PPB, 1, 1] planes x [1, R, 1] rows x [1, 1, D].
     dcol = jnp.arange(d, dtype=jnp.int32)
 
     def body(b, carry):
         acc, m_i, l_i = carry
-        k_pos = b * block_k + kk  # [BK]
-        k_ok = (k_pos < hi) & (k_pos >= lo)
-        page = _gpu_load(pt_ref.at[seq * pages_per_seq + k_pos // page_size], k_ok, 0)
-        krow = (page * page_size + k_pos % page_size) * two_h + 2 * h
+        c = b * ppb + ci  # [PPB] chunks of this block
+        if nsub == 1:
+            pg, row = c, rr  # a chunk is a whole page
+        else:  # PPB == 1: one R-row slice of one page
+            pg, row = c // nsub, (b % nsub) * rc + rr
+        c_ok = (c >= c_lo) & (c <= c_hi)  # also keeps pg < pages_per_seq
+        k_pos2 = (pg * ps)[:, None] + row[None, :]  # [PPB, R]
+        k_ok2 = c_ok[:, None] & (k_pos2 >= lo) & (k_pos2 < hi)
+        if ps % rc:  # padding rows of a non-power-of-two page
+            k_ok2 = k_ok2 & (row < ps)[None, :]
+            row = jnp.minimum(row, ps - 1)
+        page = _gpu_load(pt_ref.at[seq * pages_per_seq + pg], c_ok, 0)  # [PPB]
+        plane = page * (2 * hkv) + h  # K of head h; V is plane + hkv
+        pidx, ridx = plane[:, None, None], row[None, :, None]
+        k_pos = k_pos2.reshape(block_k)
+        k_ok = k_ok2.reshape(block_k)
         # No ``other``: Triton cannot splat an int fill into fp8; masked keys
         # are dropped from the logits below and zeroed in V.
-        k = _gpu_load(kv_ref.at[krow[:, None], dcol[None, :]], k_ok[:, None], None)
-        k = k.astype(compute_dtype)
+        k = _gpu_load(kv_ref.at[pidx, ridx, dcol[None, None, :]], k_ok2[:, :, None], None)
+        k = k.reshape(block_k, d).astype(compute_dtype)
         s = lax.dot_general(q, k, (((1,), (1,)), ((), ())),
                             preferred_element_type=jnp.float32, precision=precision)
         if quantized:
-            k_sc = _gpu_load(sc_ref.at[krow], k_ok, 0.0)
-            s = s * (k_sc[None, :] * sm_scale)
+            k_sc = _gpu_load(sc_ref.at[plane[:, None], row[None, :]], k_ok2, 0.0)
+            s = s * (k_sc.reshape(block_k)[None, :] * sm_scale)
         else:
             s = s * sm_scale
         if soft_cap is not None:
@@ -191,11 +240,12 @@ def _kernel(
         alpha = jnp.exp(m_i - m_new)
         p = jnp.where(mask, jnp.exp(s - m_new[:, None]), 0.0)
         l_new = l_i * alpha + jnp.sum(p, axis=1)
-        v = _gpu_load(kv_ref.at[krow[:, None] + 1, dcol[None, :]], k_ok[:, None], None)
+        v = _gpu_load(kv_ref.at[pidx + hkv, ridx, dcol[None, None, :]], k_ok2[:, :, None], None)
+        v = v.reshape(block_k, d)
         v = jnp.where(k_ok[:, None], v.astype(compute_dtype), jnp.zeros((), compute_dtype))
         if quantized:
-            v_sc = _gpu_load(sc_ref.at[krow + 1], k_ok, 0.0)
-            p = p * v_sc[None, :]
+            v_sc = _gpu_load(sc_ref.at[plane[:, None] + hkv, row[None, :]], k_ok2, 0.0)
+            p = p * v_sc.reshape(block_k)[None, :]
         pv = lax.dot_general(p.astype(compute_dtype), v, (((1,), (0,)), ((), ())),
                              preferred_element_type=jnp.float32, precision=precision)
         return acc * alpha[:, None] + pv, m_new, l_new
@@ -246,9 +296,13 @@ def plan(t: int, s: int, hq: int, hkv: int, d: int, page_size: int, pages_per_se
     if block_k is None:
         block_k = 64 if d <= 128 else 32
         block_k = max(16, min(block_k, _next_pow2(ctx)))
+    elif block_k < 16 or block_k & (block_k - 1):
+        raise ValueError(f"block_k: must be a power of two >= 16, got {block_k}")
     if kv_splits is None:
+        _, nsub, ppb = chunk_geometry(page_size, block_k)
+        blocks = -(-pages_per_seq * nsub // ppb)  # blocks of the longest possible context
         want = -(-_TARGET_PROGRAMS // (num_tiles * hkv))
-        kv_splits = max(1, min(want, -(-ctx // block_k), _MAX_SPLITS))
+        kv_splits = max(1, min(want, blocks, _MAX_SPLITS))
     return block_q, m_rows, block_k, num_tiles, kv_splits
 
 
@@ -259,7 +313,12 @@ def ragged_paged_attention(
     block_q: int | None = None, block_k: int | None = None, kv_splits: int | None = None,
     num_warps: int | None = None, num_stages: int = 2,
 ):
-    """Triton-lowered ragged paged attention (contract: ``reference.py``)."""
+    """Triton-lowered ragged paged attention (contract: ``reference.py``).
+
+    ``kv_pages`` is ``[num_pages, 2, num_kv_heads, page_size, head_dim]`` and
+    ``kv_scales`` (quantized caches only) ``[num_pages, 2, num_kv_heads,
+    page_size]`` float32, as written by ``kv_write.write_kv``.
+    """
     check_args(q, kv_pages, kv_lens, page_table, cu_q_lens, kv_scales)
     _check_kernel_args(q, kv_pages, bool(interpret))
     if kv_scales is not None and jnp.dtype(kv_scales.dtype) != jnp.dtype(jnp.float32):
@@ -269,9 +328,7 @@ def ragged_paged_attention(
     if soft_cap is not None and float(soft_cap) <= 0:
         raise ValueError(f"soft_cap: must be > 0, got {soft_cap}")
     t, hq, d = q.shape
-    n, page_size, two_h, _ = kv_pages.shape
-    hkv = two_h // 2
-    g = hq // hkv
+    _, _, hkv, page_size, _ = kv_pages.shape
     s, p = page_table.shape
     bq, m_rows, bk, num_tiles, splits = plan(
         t, s, hq, hkv, d, page_size, p, max_q_len, block_q, block_k, kv_splits)
@@ -293,10 +350,10 @@ def _run(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, kv_scales, *,
          sm_scale, sliding_window, soft_cap, interpret, bq, m_rows, bk, num_tiles,
          splits, num_warps, num_stages):
     t, hq, d = q.shape
-    n, page_size, two_h, _ = kv_pages.shape
-    hkv = two_h // 2
+    n, _, hkv, page_size, _ = kv_pages.shape
     g = hq // hkv
     s, p = page_table.shape
+    rc, nsub, ppb = chunk_geometry(page_size, bk)
     num_seqs = jnp.reshape(num_seqs, ()).astype(jnp.int32)
     kv_lens = kv_lens.astype(jnp.int32)
     cu_q_lens = cu_q_lens.astype(jnp.int32)
@@ -307,19 +364,21 @@ def _run(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, kv_scales, *,
     qh = q.reshape(t, hkv, g, d).transpose(1, 0, 2, 3).reshape(hkv, t * g, d)
     rows_pad = t * g + m_rows
     qh = jnp.pad(qh, ((0, 0), (0, m_rows), (0, 0)))
-    kv_flat = kv_pages.reshape(n * page_size * two_h, d)
+    # Planes: [N, 2, Hkv, ps, D] -> [N*2*Hkv, ps, D] (a free reshape).
+    kv_planes = kv_pages.reshape(n * 2 * hkv, page_size, d)
     quantized = kv_scales is not None
     compute_dtype = jnp.float32 if q.dtype == jnp.float32 else q.dtype
     precision = lax.Precision.HIGHEST if compute_dtype == jnp.float32 else None
 
     kernel = functools.partial(
-        _kernel, quantized=quantized, g=g, m_rows=m_rows, block_k=bk,
-        page_size=page_size, pages_per_seq=p, two_h=two_h, sm_scale=sm_scale,
-        soft_cap=soft_cap, window=sliding_window, splits=splits,
-        compute_dtype=compute_dtype, precision=precision)
-    inputs = [row0, nrows, pos0, kvlen, seq, page_table.astype(jnp.int32).reshape(-1), qh, kv_flat]
+        _kernel, quantized=quantized, g=g, m_rows=m_rows, page_size=page_size,
+        rows_per_chunk=rc, chunks_per_page=nsub, chunks_per_block=ppb, pages_per_seq=p,
+        hkv=hkv, sm_scale=sm_scale, soft_cap=soft_cap, window=sliding_window,
+        splits=splits, compute_dtype=compute_dtype, precision=precision)
+    inputs = [row0, nrows, pos0, kvlen, seq, page_table.astype(jnp.int32).reshape(-1), qh,
+              kv_planes]
     if quantized:
-        inputs.append(kv_scales.reshape(-1))
+        inputs.append(kv_scales.reshape(n * 2 * hkv, page_size))
     if splits == 1:
         out_shape = [jax.ShapeDtypeStruct((hkv, rows_pad, d), q.dtype)]
     else:

@@ -112,7 +112,7 @@ class CausalLM:
     # -- engine interface ---------------------------------------------------------
 
     def allocate_kv_caches(self, num_pages: int, page_size: int, kv_cache_dtype=None):
-        """One (pages [N, page_size, 2*Hkv, D], scales|None) pair per layer."""
+        """One (pages [N, 2, Hkv, page_size, D], scales|None) pair per layer."""
         dtype = self.dtype if kv_cache_dtype in (None, "auto") else kv_cache_dtype
         if isinstance(dtype, str):
             if dtype not in kernels_pallas.KV_CACHE_DTYPES:

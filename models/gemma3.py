@@ -77,7 +77,7 @@ class Gemma3ForCausalLM(CausalLM):
     def forward(
         self,
         params: dict,
-        kv_caches: tuple,  # per layer (pages [N, page_size, 2*Hkv, D], scales | None)
+        kv_caches: tuple,  # per layer (pages [N, 2, Hkv, page_size, D], scales | None)
         token_ids: jax.Array,  # i32[T]
         meta: AttentionMetadata,
     ) -> tuple[jax.Array, tuple]:  # hidden [T, H] (after the final norm), kv_caches

@@ -188,7 +188,7 @@ def qkv_projection(
 def paged_attention(
     p: Params,  # {"qkv_proj": ..., "o_proj": {"kernel": [Hq*D, H], "bias"?: [H]}}
     x: jax.Array,  # [T, H] (already normed)
-    cache: tuple[jax.Array, jax.Array | None],  # pages [N, page_size, 2*Hkv, D], scales
+    cache: tuple[jax.Array, jax.Array | None],  # pages [N, 2, Hkv, page_size, D], scales
     meta: AttentionMetadata,
     *,
     sm_scale: float,

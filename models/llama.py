@@ -72,7 +72,7 @@ class LlamaForCausalLM(CausalLM):
     def forward(
         self,
         params: dict,
-        kv_caches: tuple,  # per layer (pages [N, page_size, 2*Hkv, D], scales | None)
+        kv_caches: tuple,  # per layer (pages [N, 2, Hkv, page_size, D], scales | None)
         token_ids: jax.Array,  # i32[T]
         meta: AttentionMetadata,
     ) -> tuple[jax.Array, tuple]:  # hidden [T, H] (after the final norm), kv_caches
@@ -98,7 +98,7 @@ class LlamaForCausalLM(CausalLM):
     # One compiled layer body run num_layers times (lax.scan) instead of
     # num_layers unrolled copies: compile time drops several-fold on CPU.
     # Parameters are stacked along a leading layer axis and the KV pool of all
-    # layers is one array [L, N, page_size, 2*Hkv, D]; layer l addresses it as
+    # layers is one array [L, N, 2, Hkv, page_size, D]; layer l addresses it as
     # a flat pool of L*N pages with its page ids offset by l*N.
 
     def can_scan(self) -> bool:
@@ -117,8 +117,9 @@ class LlamaForCausalLM(CausalLM):
         return (pages, scales)
 
     def _forward_scanned(self, params, kv_caches, token_ids, meta):
-        pages, scales = kv_caches  # [L, N, page_size, 2*Hkv, D], [L, N, page_size, 2*Hkv]
-        n_layers, n_pages, page_size = pages.shape[:3]
+        pages, scales = kv_caches  # [L, N, 2, Hkv, page_size, D], [L, N, 2, Hkv, page_size]
+        n_layers, n_pages = pages.shape[:2]
+        page_size = pages.shape[4]
         flat = pages.reshape((n_layers * n_pages,) + pages.shape[2:])
         flat_s = None if scales is None else scales.reshape((n_layers * n_pages,) + scales.shape[2:])
         x = jnp.take(params["embed_tokens"]["embedding"], token_ids, axis=0)  # [T, H]

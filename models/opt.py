@@ -60,7 +60,7 @@ class OPTForCausalLM(CausalLM):
     def forward(
         self,
         params: dict,
-        kv_caches: tuple,  # per layer (pages [N, page_size, 2*Hq, D], scales | None)
+        kv_caches: tuple,  # per layer (pages [N, 2, Hq, page_size, D], scales | None)
         token_ids: jax.Array,  # i32[T]
         meta: AttentionMetadata,
     ) -> tuple[jax.Array, tuple]:  # hidden [T, E], kv_caches

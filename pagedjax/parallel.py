@@ -22,7 +22,7 @@ Sharding rules (Megatron-style; matched on the parameter path):
     lm_head.kernel  [H, V]             split axis 1 (vocab) when N divides V
     everything else                    replicated (norms, biases of row-parallel
                                        layers, learned positions, OPT projections)
-    KV pool [pages, page_size, 2*Hkv, D] split axis 2; int8/fp8 scales axis 2
+    KV pool [pages, 2, Hkv, page_size, D] split axis 2; int8/fp8 scales axis 2
 
 A dimension N does not divide (intermediate size, vocabulary) is replicated
 instead; KV heads must divide (``check_tensor_parallel`` names the sizes that
@@ -190,8 +190,8 @@ def load_sharded(model: str | None, dtype="auto", tp: int = 1, devices=None):
 
 def kv_shardings(mesh: Mesh):
     """(pages sharding, scales sharding) of one layer of the KV pool."""
-    return (NamedSharding(mesh, P(None, None, AXIS, None)),
-            NamedSharding(mesh, P(None, None, AXIS)))
+    return (NamedSharding(mesh, P(None, None, AXIS, None, None)),
+            NamedSharding(mesh, P(None, None, AXIS, None)))
 
 
 def allocate_sharded_kv(model, mesh: Mesh, num_pages: int, page_size: int, kv_cache_dtype=None):
@@ -204,9 +204,9 @@ def allocate_sharded_kv(model, mesh: Mesh, num_pages: int, page_size: int, kv_ca
         dtype = kernels_pallas.KV_CACHE_DTYPES.get(dtype, dtype)
     dtype = jnp.dtype(dtype)
     pages_sh, scales_sh = kv_shardings(mesh)
-    shape = (num_pages, page_size, 2 * info.num_kv_heads, info.head_dim)
+    shape = (num_pages, 2, info.num_kv_heads, page_size, info.head_dim)
     zeros = jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=pages_sh)
-    ones = jax.jit(lambda: jnp.ones(shape[:3], jnp.float32), out_shardings=scales_sh)
+    ones = jax.jit(lambda: jnp.ones(shape[:4], jnp.float32), out_shardings=scales_sh)
     quant = kernels_pallas.is_quantized(dtype)
     return tuple((zeros(), ones() if quant else None) for _ in range(info.num_layers))
 
@@ -259,7 +259,7 @@ def sharded_attention(mesh: Mesh, axis: str = AXIS):
     """
     import kernels_pallas
 
-    q_spec, kv_spec, s_spec = P(None, axis, None), P(None, None, axis, None), P(None, None, axis)
+    q_spec, kv_spec, s_spec = P(None, axis, None), P(None, None, axis, None, None), P(None, None, axis, None)
     rep = P()
 
     def attention(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, *, kv_scales=None,

@@ -4,10 +4,13 @@ Static shapes: every step is padded to a *bucket* so that only a few programs
 are ever compiled:
 
 * decode-only steps (every row feeds one token): T = S = bucket(rows) from
-  powers of two >= 8, attention tiles of one row (``max_q_len=1``);
+  powers of two (1, 2, 4, ...), attention tiles of one row (``max_q_len=1``);
 * mixed steps (some row feeds a prompt chunk): T = bucket(tokens) from powers
   of four >= 16, S = bucket(rows) from powers of two >= 8;
-* P (page-table width) = bucket(longest sequence's pages) from powers of two;
+* P (page-table width): the XLA attention loops only as far as the longest
+  context, so it always gets the full width (no P buckets); the Pallas kernels
+  size their grids by P, so for them P = bucket(longest sequence's pages)
+  from powers of two >= 4;
 * sampling feature flags (penalties, top-k/p, ...) and the number of
   top logprobs (0, 5 or 20) pick lean variants of the sampler.
 
@@ -140,7 +143,7 @@ class Runner:
 
     @staticmethod
     def _copy_impl(kv_caches, src, dst):
-        if isinstance(kv_caches[0], jax.Array) and kv_caches[0].ndim == 5:  # stacked layers
+        if isinstance(kv_caches[0], jax.Array) and kv_caches[0].ndim == 6:  # stacked layers
             pages, scales = kv_caches
             pages = pages.at[:, dst].set(pages[:, src])
             if scales is not None:
@@ -160,10 +163,23 @@ class Runner:
 
     # ------------------------------------------------------------------ host
     def bucket_sizes(self, num_rows: int, num_tokens: int, max_pages: int, decode: bool):
-        s = _pow2(num_rows, 8)
+        s = _pow2(num_rows, 1 if decode else 8)
         t = s if decode else max(_pow4(num_tokens, 16), s)
-        p = min(_pow2(max_pages, 4), _pow2(self.max_pages, 4))
+        p = self._p_buckets()[-1]
+        if self.p_buckets:
+            p = min(_pow2(max_pages, 4), p)
         return t, s, p
+
+    @property
+    def p_buckets(self) -> bool:
+        """Whether the page-table width is bucketed (Pallas kernels) or always full (XLA)."""
+        return self.attn_backend != "xla"
+
+    def _p_buckets(self) -> list[int]:
+        full = _pow2(self.max_pages, 4)
+        if not self.p_buckets:
+            return [full]
+        return [1 << i for i in range(2, full.bit_length())]
 
     def prepare(self, rows, sample_rows: Sequence[SampleRow], prompt_lp: dict[str, int],
                 prompt_tokens: dict[str, list[int]] | None = None):
@@ -258,21 +274,23 @@ class Runner:
     def warmup_shapes(self) -> list[tuple[int, int, int, bool]]:
         """Every (rows, tokens, pages, decode) combination whose bucket can occur."""
         shapes = set()
-        s_max = _pow2(self.max_num_seqs, 8)
-        p_max = _pow2(self.max_pages, 4)
+        s_max = _pow2(self.max_num_seqs, 1)
         t_max = _pow4(self.max_num_batched_tokens, 16)
-        p = 4
-        while p <= p_max:
-            s = 8
+        for p in self._p_buckets():
+            s = 1
             while s <= s_max:
                 shapes.add((s, s, p, True))
                 t = 16
-                while t <= t_max:
+                while t <= t_max and s >= 8:
                     if s <= t:
                         shapes.add((s, t, p, False))
                     t *= 4
                 s *= 2
-            p *= 2
+            if s_max < 8:  # mixed steps pad rows to at least 8
+                t = 16
+                while t <= t_max:
+                    shapes.add((8, t, p, False))
+                    t *= 4
         return sorted(shapes)
 
     def _dummy_rows(self, s: int, t: int, p: int, decode: bool):
@@ -333,13 +351,14 @@ class Runner:
 
         from pagedjax.sampling_params import SamplingParams
 
-        buckets = []
-        r = 8
+        s_buckets = []  # logits rows: the model's S buckets (decode from 1, mixed from 8)
+        r = 1
         while r <= _pow2(self.max_num_seqs, 8):
-            buckets.append(r)
+            s_buckets.append(r)
             r *= 2
+        buckets = [r for r in s_buckets if r >= 8]  # sampling rows are padded to >= 8
         r_buckets = buckets + [2 * buckets[-1]]  # n > 1 forks add sampling rows
-        jobs = [(s_, r, kw, lp) for s_ in buckets for r in r_buckets if r <= 2 * s_
+        jobs = [(s_, r, kw, lp) for s_ in s_buckets for r in r_buckets if r <= max(8, 2 * s_)
                 for kw, lp in self.WARM_SAMPLING]
         for s_, r, kw, lp in tqdm(jobs, desc="Compiling sampler", disable=not progress):
             params = SamplingParams(max_tokens=1, logprobs=lp, **kw)

@@ -169,8 +169,8 @@ def test_matches_jax_gpu_paged_attention_decode():
     args = (q, pages, kv_lens, table, cu, n)
     sm = d ** -0.5
     ours = run("gpu", args, kw, sm_scale=sm, max_q_len=1)
-    k_pages = jnp.transpose(pages[:, :, 0::2, :], (2, 0, 1, 3))
-    v_pages = jnp.transpose(pages[:, :, 1::2, :], (2, 0, 1, 3))
+    k_pages = jnp.transpose(pages[:, 0], (1, 0, 2, 3))  # [Hkv, N, ps, D]
+    v_pages = jnp.transpose(pages[:, 1], (1, 0, 2, 3))
     theirs = jax_pa.paged_attention(
         q * sm, k_pages, v_pages, table, kv_lens, block_h=16, pages_per_compute_block=1,
         k_splits=2, interpret=_interpret("gpu"))
@@ -200,8 +200,8 @@ def _lower(mod, platform, case):
     from tests.test_reference import KV_DTYPES, QUANTIZED
 
     q = jax.ShapeDtypeStruct((t, hkv * g, d), qd)
-    kv = jax.ShapeDtypeStruct((n, ps, 2 * hkv, d), KV_DTYPES[kvd])
-    sc = jax.ShapeDtypeStruct((n, ps, 2 * hkv), jnp.float32) if kvd in QUANTIZED else None
+    kv = jax.ShapeDtypeStruct((n, 2, hkv, ps, d), KV_DTYPES[kvd])
+    sc = jax.ShapeDtypeStruct((n, 2, hkv, ps), jnp.float32) if kvd in QUANTIZED else None
     i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
 
     def f(q, kv, kl, pt, cu, ns, sc):
@@ -277,7 +277,7 @@ def test_unsupported_sizes_per_kernel():
     args, kw = _args()  # head_dim 16, page_size 4, 2 kv heads
     # Triton: head_dim must be a power of two (any mode) and >= 16 natively.
     q24 = jnp.zeros(args[0].shape[:2] + (24,))
-    kv24 = jnp.zeros(args[1].shape[:3] + (24,))
+    kv24 = jnp.zeros(args[1].shape[:4] + (24,))
     with pytest.raises(ValueError, match="head_dim"):
         triton_gpu.ragged_paged_attention(q24, kv24, *args[2:], sm_scale=1.0, interpret=True)
     q8, kv8 = args[0][..., :8], args[1][..., :8]
@@ -287,7 +287,7 @@ def test_unsupported_sizes_per_kernel():
     with pytest.raises(ValueError, match="head_dim"):
         mosaic_tpu.ragged_paged_attention(*args, sm_scale=1.0, interpret=False)
     q64 = jnp.zeros(args[0].shape[:2] + (64,), jnp.bfloat16)
-    kv64 = jnp.zeros((args[1].shape[0], 4, 2, 64), jnp.bfloat16)  # 4 tokens x 2 rows = 8 < 16
+    kv64 = jnp.zeros((args[1].shape[0], 2, 2, 4, 64), jnp.bfloat16)  # page_size 4: not a multiple of 8
     with pytest.raises(ValueError, match="page_size"):
         mosaic_tpu.ragged_paged_attention(q64[:, :2], kv64, *args[2:], sm_scale=1.0,
                                           interpret=False)
@@ -298,7 +298,7 @@ def test_unsupported_sizes_per_kernel():
         with pytest.raises(ValueError, match="soft_cap"):
             mod.ragged_paged_attention(*args, sm_scale=1.0, soft_cap=-1.0, interpret=True)
         int8 = args[1].astype(jnp.int8)
-        bad = jnp.ones(int8.shape[:3], jnp.bfloat16)
+        bad = jnp.ones(int8.shape[:4], jnp.bfloat16)
         with pytest.raises(ValueError, match="kv_scales"):
             mod.ragged_paged_attention(args[0], int8, *args[2:], sm_scale=1.0, kv_scales=bad,
                                        interpret=True)

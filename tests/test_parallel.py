@@ -104,7 +104,7 @@ def _sharded_pallas(backend):
     qlens = [5, 1, 3]
     t = sum(qlens)
     q = jnp.asarray(rng.standard_normal((t, hkv * g, d)), jnp.float32)
-    kv = jnp.asarray(rng.standard_normal((npages, ps, 2 * hkv, d)), jnp.float32)
+    kv = jnp.asarray(rng.standard_normal((npages, 2, hkv, ps, d)), jnp.float32)
     table = np.zeros((3, 4), np.int32)
     perm = rng.permutation(np.arange(1, npages))
     k = 0
@@ -251,7 +251,7 @@ def test_tp_matches_single_device(tiny_folder, arch):
     for tp in (2, 4):
         run = runs[str(tp)]
         assert run["mesh_devices"] == list(range(tp))
-        assert run["kv_specs"] == ["P(None, None, 'tp', None)"]
+        assert run["kv_specs"] == ["P(None, None, 'tp', None, None)"]
         _assert_same(base, run, f"{arch} TP={tp}")
         _assert_memory(base, run, tp, f"{arch} TP={tp}")
 

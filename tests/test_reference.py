@@ -76,6 +76,9 @@ def make_case(
     kv_lens_arr[:s_valid] = kv_lens
     kv_lens_arr[s_valid:] = rng.integers(1, p * page_size + 1, size=pad_seqs)
 
+    # Pool layout [N, 2, Hkv, ps, D]: built token-major above, K/V interleaved.
+    vals = vals.reshape(num_pages, page_size, num_kv_heads, 2, head_dim).transpose(0, 3, 2, 1, 4)
+    vals = np.ascontiguousarray(vals)
     dtype = KV_DTYPES[kv_dtype]
     scales = None
     if kv_dtype in QUANTIZED:
@@ -167,7 +170,7 @@ def _bad(arg):
     [
         ("q", lambda a: a.update(q=a["q"][0])),
         ("kv_pages", lambda a: a.update(kv_pages=a["kv_pages"][..., :8])),
-        ("kv_pages", lambda a: a.update(kv_pages=a["kv_pages"][:, :, :3])),
+        ("kv_pages", lambda a: a.update(kv_pages=a["kv_pages"][:, 0])),
         ("q", lambda a: a.update(q=a["q"][:, :3])),
         ("kv_lens", lambda a: a.update(kv_lens=a["kv_lens"][:, None])),
         ("page_table", lambda a: a.update(page_table=a["page_table"][:2])),

@@ -38,14 +38,23 @@ def test_bucket_sizes_are_powers():
     class M:
         info = Info()
 
-    r = Runner(M(), {}, (), page_size=16, max_num_seqs=64, max_num_batched_tokens=512,
-               max_model_len=2048, attn_backend="xla")
-    assert r.bucket_sizes(3, 3, 2, decode=True) == (8, 8, 4)
+    kw = dict(page_size=16, max_num_seqs=64, max_num_batched_tokens=512, max_model_len=2048)
+    # Pallas kernels: page-table width bucketed too.
+    r = Runner(M(), {}, (), attn_backend="pallas_gpu", **kw)
+    assert r.bucket_sizes(3, 3, 2, decode=True) == (4, 4, 4)
+    assert r.bucket_sizes(1, 1, 2, decode=True) == (1, 1, 4)
     assert r.bucket_sizes(9, 9, 5, decode=True) == (16, 16, 8)
     t, s, p = r.bucket_sizes(5, 100, 20, decode=False)
     assert (t, s, p) == (256, 8, 32)
     # Page buckets never exceed what max_model_len needs.
     assert r.bucket_sizes(1, 1, 500, decode=True)[2] == 128
+    # XLA attention loops only over the live context: always the full width.
+    r = Runner(M(), {}, (), attn_backend="xla", **kw)
+    assert r.bucket_sizes(3, 3, 2, decode=True) == (4, 4, 128)
+    assert r.bucket_sizes(5, 100, 20, decode=False) == (256, 8, 128)
+    shapes = r.warmup_shapes()
+    assert {p for *_, p, _ in shapes} == {128}
+    assert sorted(s for s, t, p, d in shapes if d) == [1, 2, 4, 8, 16, 32, 64]
 
 
 def test_no_compilation_after_warmup(tiny_llama_dir, smollm2_gguf):
