@@ -103,12 +103,13 @@ def _summary(name, reqs, duration, ttfts, tpots, **extra) -> dict:
 # ---------------------------------------------------------------------- pagedjax
 def needed_shapes(runner, reqs, max_num_seqs: int, mnbt: int) -> list:
     """The subset of ``runner.warmup_shapes()`` this workload can reach."""
-    from pagedjax.runner import _pow2, _pow4
+    from pagedjax.runner import _pow2
 
     ps = runner.page_size
     s_max = _pow2(min(max_num_seqs, len(reqs)), 8)
-    p_max = min(_pow2(-(-max(len(p) + o for p, o in reqs) // ps), 4), _pow2(runner.max_pages, 4))
-    t_max = _pow4(min(mnbt, sum(len(p) for p, _ in reqs) + len(reqs)), 16)
+    p_max = runner.bucket_sizes(1, 1, -(-max(len(p) + o for p, o in reqs) // ps), True)[2]
+    t_max = runner.bucket_sizes(8, min(mnbt, sum(len(p) for p, _ in reqs) + len(reqs)), 1,
+                                False)[0]
     return [(s, t, p, d) for s, t, p, d in runner.warmup_shapes()
             if s <= s_max and p <= p_max and (d or t <= t_max)]
 

@@ -15,15 +15,17 @@ Sequence ``s`` owns query rows ``cu_q_lens[s]:cu_q_lens[s+1]``; its last
 position ``kv_lens[s] - q_len + i`` and sees keys ``0..that position``
 (causal), or only the last ``sliding_window`` of them.
 
-How this runs fast on a CPU: query rows are cut into tiles of ``q_tile`` rows
-that never cross a sequence boundary (with ``max_q_len == 1``, a pure decode
-step, a tile is one row). A loop walks the context in chunks of a few pages
-with an online softmax (flash attention): each chunk gathers the tiles' K and
-V straight into the batched-matmul layout ``[tiles, Hkv, chunk, D]`` (the
-head-major pool makes that a plain gather, no transpose), so the working set
-stays in cache instead of materializing every tile's whole context. The loop
-runs only as far as the longest context in the batch (a dynamic trip count),
-so a wide page table costs nothing but its ids.
+How this runs fast on a CPU: query rows are cut into tiles that never cross a
+sequence boundary: one row per tile for sequences with one new token (decode),
+``q_tile`` rows for prompt chunks. Each tile's key range (up to its last
+row's position; from the window start) is cut into chunks of a few pages, and
+the (tile, chunk) pairs form one flat work list, so work follows the real
+contexts rather than the batch's longest one. A loop takes a block of items
+at a time (flash-decoding style): gathers their K and V straight into the
+batched-matmul layout ``[items, Hkv, chunk, D]`` (the head-major pool makes
+that a plain gather, no transpose), scores them and folds the partial softmax
+into the tiles' running max / sum / output. The trip count is dynamic, so a
+wide page table costs nothing but its ids, and the working set stays in cache.
 """
 
 from __future__ import annotations
@@ -76,10 +78,15 @@ def check_args(q, kv_pages, kv_lens, page_table, cu_q_lens, kv_scales=None) -> N
         raise ValueError(f"kv_scales: required for a quantized kv_pages dtype {kv_pages.dtype}")
 
 
-def _tiles(cu_q_lens, num_seqs, num_rows: int, q_tile: int, num_tiles: int):
-    """Static-shape tile table: per tile its sequence and first row."""
+def _tiles(cu_q_lens, num_seqs, q_tile: int, num_tiles: int, keep=None):
+    """Static-shape tile table: per tile its sequence and first row.
+
+    ``keep`` (bool [S]) restricts tiling to some sequences; the others get no tiles.
+    """
     s = cu_q_lens.shape[0] - 1
     seq_valid = jnp.arange(s) < num_seqs
+    if keep is not None:
+        seq_valid = seq_valid & keep
     q_lens = jnp.where(seq_valid, cu_q_lens[1:] - cu_q_lens[:-1], 0)
     tiles_per_seq = (q_lens + q_tile - 1) // q_tile
     cu_tiles = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(tiles_per_seq)])
@@ -88,6 +95,108 @@ def _tiles(cu_q_lens, num_seqs, num_rows: int, q_tile: int, num_tiles: int):
     tile_valid = tile_idx < cu_tiles[-1]
     first = cu_q_lens[tile_seq] + (tile_idx - cu_tiles[tile_seq]) * q_tile
     return tile_seq.astype(jnp.int32), first.astype(jnp.int32), tile_valid, q_lens
+
+
+def _attend_tiles(q, kv_pages, kv_scales, kv_lens, page_table, cu_q_lens, num_seqs, *,
+                  q_tile: int, num_tiles: int, keep, pages_per_chunk: int, block: int,
+                  sm_scale, sliding_window, soft_cap):
+    """One tiling of the query rows; returns (tile rows [NT*Bq] or t, out [NT*Bq, Hq, D]).
+
+    The work is a flat list of (tile, chunk of ``pages_per_chunk`` pages)
+    items covering each tile's own key range (causal end, window start), so
+    no tile pays for another's longer context. A loop takes ``block`` items
+    at a time: gather their K/V, score, and fold the partial softmax into
+    the tiles' running (max, sum, acc) with scatter updates.
+    """
+    t, hq, d = q.shape
+    _, _, hkv, page_size, _ = kv_pages.shape
+    g = hq // hkv
+    m_rows = g * q_tile
+    b = pages_per_chunk
+    c = b * page_size
+    nt = num_tiles
+    tile_seq, first, tile_valid, q_lens = _tiles(cu_q_lens, num_seqs, q_tile, nt, keep)
+
+    local = jnp.arange(q_tile, dtype=jnp.int32)
+    rows = first[:, None] + local[None, :]  # [NT, Bq]
+    row_valid = tile_valid[:, None] & (rows < cu_q_lens[tile_seq + 1][:, None])
+    qt = q[jnp.clip(rows, 0, t - 1)].astype(jnp.float32) * sm_scale  # [NT, Bq, Hq, D]
+    qt = qt.reshape(nt, q_tile, hkv, g, d).transpose(0, 2, 3, 1, 4).reshape(nt, hkv, m_rows, d)
+    pages = page_table[tile_seq]  # [NT, P]
+    kv_len_t = jnp.where(tile_valid, kv_lens[tile_seq], 0)
+    q_pos = (kv_len_t - q_lens[tile_seq])[:, None] + (rows - cu_q_lens[tile_seq][:, None])
+
+    # Each tile's key range [k_lo, k_hi) and its chunks.
+    k_hi = jnp.where(tile_valid, q_pos[:, 0] + jnp.sum(row_valid, axis=1), 0)
+    k_lo = jnp.zeros_like(k_hi)
+    if sliding_window is not None:
+        k_lo = jnp.clip(q_pos[:, 0] - sliding_window + 1, 0, None)
+    c_lo = k_lo // c
+    n_items = jnp.where(tile_valid, jnp.maximum((k_hi + c - 1) // c - c_lo, 0), 0)
+    cu_items = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(n_items)])
+    total = cu_items[-1]
+    max_col = pages.shape[1] - 1
+
+    def gather(ids, kv):  # ids [W, b] -> [W, Hkv, c, D] (f32)
+        x = kv_pages[ids, kv]  # [W, b, Hkv, ps, D]
+        sc = None if kv_scales is None else kv_scales[ids, kv]  # [W, b, Hkv, ps]
+        if b > 1:
+            x = x.transpose(0, 2, 1, 3, 4)
+            sc = None if sc is None else sc.transpose(0, 2, 1, 3)
+        x = x.reshape(block, hkv, c, d)
+        sc = None if sc is None else sc.reshape(block, hkv, c)
+        return dequantize(x, sc)
+
+    def body(j, carry):
+        m_t, l_t, acc_t = carry  # [NT, Hkv, M], [NT, Hkv, M], [NT, Hkv, M, D]
+        ids = j * block + jnp.arange(block, dtype=jnp.int32)
+        it_valid = ids < total
+        it = jnp.clip(jnp.searchsorted(cu_items, ids, side="right") - 1, 0, nt - 1)
+        chunk = c_lo[it] + ids - cu_items[it]
+        cols = jnp.clip(chunk[:, None] * b + jnp.arange(b, dtype=jnp.int32), 0, max_col)
+        pg = pages[it[:, None], cols]  # [W, b]
+        k = gather(pg, 0)
+        v = gather(pg, 1)
+        key_pos = chunk[:, None] * c + jnp.arange(c, dtype=jnp.int32)  # [W, c]
+        key_valid = key_pos < kv_len_t[it][:, None]
+        # Zero V outside the context so NaN garbage in unused pages cannot leak.
+        v = jnp.where(key_valid[:, None, :, None], v, 0.0)
+        scores = jnp.einsum("nkmd,nkcd->nkmc", qt[it], k)
+        if soft_cap is not None:
+            scores = soft_cap * jnp.tanh(scores / soft_cap)
+        qp = q_pos[it]  # [W, Bq]
+        mask = (key_valid[:, None, :] & (key_pos[:, None, :] <= qp[:, :, None])
+                & (row_valid[it] & it_valid[:, None])[:, :, None])  # [W, Bq, c]
+        if sliding_window is not None:
+            mask = mask & (key_pos[:, None, :] > qp[:, :, None] - sliding_window)
+        mask = jnp.broadcast_to(mask[:, None], (block, g, q_tile, c)).reshape(block, 1, m_rows, c)
+        scores = jnp.where(mask, scores, _NEG_INF)
+        m_i = jnp.max(scores, axis=-1)  # [W, Hkv, M]
+        probs = jnp.where(mask, jnp.exp(scores - m_i[..., None]), 0.0)
+        l_i = jnp.sum(probs, axis=-1)
+        acc_i = jnp.einsum("nkmc,nkcd->nkmd", probs, v)
+        # Fold into the tiles (a tile's items are consecutive; several may
+        # share this block): new max, rescale each touched tile once, add.
+        tgt = jnp.where(it_valid, it, nt)
+        m_new = m_t.at[tgt].max(m_i, mode="drop")
+        alpha = jnp.exp(m_t - m_new)  # [NT, Hkv, M], 1 for untouched tiles
+        w_i = jnp.exp(m_i - m_new[it])
+        l_t = (l_t * alpha).at[tgt].add(l_i * w_i, mode="drop")
+        prev = jnp.concatenate([jnp.full((1,), -1, jnp.int32), it[:-1]])
+        first_of_tile = jnp.where(it_valid & (it != prev), it, nt)
+        acc_t = acc_t.at[first_of_tile].multiply(alpha[it][..., None], mode="drop")
+        acc_t = acc_t.at[tgt].add(acc_i * w_i[..., None], mode="drop")
+        return m_new, l_t, acc_t
+
+    m0 = jnp.full((nt, hkv, m_rows), _NEG_INF, jnp.float32)
+    l0 = jnp.zeros((nt, hkv, m_rows), jnp.float32)
+    a0 = jnp.zeros((nt, hkv, m_rows, d), jnp.float32)
+    _, l_t, acc_t = jax.lax.fori_loop(0, (total + block - 1) // block, body, (m0, l0, a0))
+    out = acc_t / jnp.where(l_t > 0, l_t, 1.0)[..., None]
+    out = out.reshape(nt, hkv, g, q_tile, d).transpose(0, 3, 1, 2, 4)
+    out = out.reshape(nt * q_tile, hq, d)
+    dest = jnp.where(row_valid, rows, t).reshape(-1)
+    return dest, out
 
 
 def ragged_paged_attention(
@@ -109,100 +218,38 @@ def ragged_paged_attention(
     """Attention of ragged new tokens over paged K/V (see module docstring).
 
     ``max_q_len`` is an optional static upper bound on new tokens per
-    sequence (1 for decode-only steps); it only picks the tile size.
-    ``pages_per_chunk`` is the number of pages each loop iteration reads.
+    sequence (1 for decode-only steps). Sequences with one new token are
+    tiled a row at a time; longer ones in tiles of ``q_tile`` rows (default
+    16). ``pages_per_chunk`` is the pages each work item reads.
     """
     check_args(q, kv_pages, kv_lens, page_table, cu_q_lens, kv_scales)
     t, hq, d = q.shape
     _, _, hkv, page_size, _ = kv_pages.shape
-    g = hq // hkv
     s, p = page_table.shape
     num_seqs = jnp.reshape(num_seqs, ()).astype(jnp.int32)
     kv_lens = kv_lens.astype(jnp.int32)
     cu_q_lens = cu_q_lens.astype(jnp.int32)
     page_table = page_table.astype(jnp.int32)
-
-    if q_tile is None:
-        bound = t if max_q_len is None else min(max_q_len, t)
-        q_tile = 1 if bound <= 1 else min(32, 1 << math.ceil(math.log2(bound)))
-    num_tiles = t if q_tile == 1 else min(t, -(-t // q_tile) + s)
-    num_tiles = max(num_tiles, 1)
-    tile_seq, first, tile_valid, q_lens = _tiles(cu_q_lens, num_seqs, t, q_tile, num_tiles)
-    if pages_per_chunk is None:  # ~32 keys per step when decoding, ~128 for prompt tiles
-        pages_per_chunk = max(1, (32 if q_tile == 1 else 128) // page_size)
-    b = max(1, min(pages_per_chunk, p))
-    if p % b:
-        page_table = jnp.pad(page_table, ((0, 0), (0, b - p % b)))
-    c = b * page_size  # keys per chunk
-
-    # Query rows of each tile, as [NT, Hkv, G*Bq, D] (the matmul's M = G*Bq).
-    local = jnp.arange(q_tile, dtype=jnp.int32)
-    rows = first[:, None] + local[None, :]  # [NT, Bq]
-    row_valid = tile_valid[:, None] & (rows < cu_q_lens[tile_seq + 1][:, None])
-    qt = q[jnp.clip(rows, 0, t - 1)].astype(jnp.float32) * sm_scale  # [NT, Bq, Hq, D]
-    qt = qt.reshape(num_tiles, q_tile, hkv, g, d).transpose(0, 2, 3, 1, 4)
-    qt = qt.reshape(num_tiles, hkv, g * q_tile, d)
-
-    pages = page_table[tile_seq]  # [NT, P']
-    kv_len_t = jnp.where(tile_valid, kv_lens[tile_seq], 0)  # [NT]
-    q_pos = (kv_len_t - q_lens[tile_seq])[:, None] + (rows - cu_q_lens[tile_seq][:, None])
-    # Chunks to visit: up to the longest context; with a window, from the
-    # earliest key any valid row still sees.
-    hi = (jnp.max(kv_len_t) + c - 1) // c
-    lo = jnp.int32(0)
-    if sliding_window is not None:
-        first_key = jnp.where(row_valid, q_pos - sliding_window + 1, jnp.iinfo(jnp.int32).max)
-        lo = jnp.clip(jnp.min(first_key), 0, None) // c
-        lo = jnp.minimum(lo, hi)
-
-    def gather(ids, kv):  # ids [NT, b] -> [NT, Hkv, c, D] (f32)
-        x = kv_pages[ids, kv]  # [NT, b, Hkv, ps, D]
-        sc = None if kv_scales is None else kv_scales[ids, kv]  # [NT, b, Hkv, ps]
-        if b > 1:
-            x = x.transpose(0, 2, 1, 3, 4)
-            sc = None if sc is None else sc.transpose(0, 2, 1, 3)
-        x = x.reshape(num_tiles, hkv, c, d)
-        sc = None if sc is None else sc.reshape(num_tiles, hkv, c)
-        return dequantize(x, sc)
-
-    def body(j, carry):
-        m, l, acc = carry  # [NT, Hkv, G*Bq], same, [NT, Hkv, G*Bq, D]
-        ids = jax.lax.dynamic_slice_in_dim(pages, j * b, b, axis=1)
-        k = gather(ids, 0)
-        v = gather(ids, 1)
-        key_pos = j * c + jnp.arange(c, dtype=jnp.int32)
-        key_valid = key_pos[None, :] < kv_len_t[:, None]  # [NT, c]
-        # Zero V outside the context so NaN garbage in unused pages cannot leak.
-        v = jnp.where(key_valid[:, None, :, None], v, 0.0)
-        scores = jnp.einsum("nkmd,nkcd->nkmc", qt, k)
-        if soft_cap is not None:
-            scores = soft_cap * jnp.tanh(scores / soft_cap)
-        mask = key_valid[:, None, :] & (key_pos[None, None, :] <= q_pos[:, :, None])  # [NT,Bq,c]
-        if sliding_window is not None:
-            mask = mask & (key_pos[None, None, :] > q_pos[:, :, None] - sliding_window)
-        mask = mask & row_valid[:, :, None]
-        mask = jnp.broadcast_to(mask[:, None, None], (num_tiles, 1, g, q_tile, c))
-        mask = mask.reshape(num_tiles, 1, g * q_tile, c)
-        scores = jnp.where(mask, scores, _NEG_INF)
-        m_new = jnp.maximum(m, jnp.max(scores, axis=-1))
-        probs = jnp.where(mask, jnp.exp(scores - m_new[..., None]), 0.0)
-        corr = jnp.exp(m - m_new)
-        l = l * corr + jnp.sum(probs, axis=-1)
-        acc = acc * corr[..., None] + jnp.einsum("nkmc,nkcd->nkmd", probs, v)
-        return m_new, l, acc
-
-    m0 = jnp.full((num_tiles, hkv, g * q_tile), _NEG_INF, jnp.float32)
-    l0 = jnp.zeros((num_tiles, hkv, g * q_tile), jnp.float32)
-    a0 = jnp.zeros((num_tiles, hkv, g * q_tile, d), jnp.float32)
-    _, l, acc = jax.lax.fori_loop(lo, hi, body, (m0, l0, a0))
-    out = acc / jnp.where(l > 0, l, 1.0)[..., None]
-    out = out.reshape(num_tiles, hkv, g, q_tile, d).transpose(0, 3, 1, 2, 4)
-    out = out.reshape(num_tiles * q_tile, hq, d).astype(q.dtype)
-
-    # Scatter tile rows back to their flat positions; invalid rows are dropped.
-    dest = jnp.where(row_valid, rows, t).reshape(-1)
+    kw = dict(sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
     result = jnp.zeros((t, hq, d), q.dtype)
-    return result.at[dest].set(out, mode="drop")
+    q_lens = cu_q_lens[1:] - cu_q_lens[:-1]
+
+    # Single-token rows (every decode row): one row per tile, ~32 keys per item.
+    b1 = max(1, min(pages_per_chunk or 32 // page_size, p))
+    passes = [(1, min(s, t), b1, 32, None if max_q_len == 1 else q_lens == 1)]
+    if max_q_len is None or max_q_len > 1:
+        # Multi-token rows (prompt chunks): tiles of q_tile rows, ~64 keys per item.
+        qt_ = q_tile or (16 if max_q_len is None else min(16, 1 << math.ceil(math.log2(max_q_len))))
+        nt = min(t, -(-t // qt_) + min(s, t // 2))
+        bq = max(1, min(pages_per_chunk or 64 // page_size, p))
+        passes.append((qt_, max(nt, 1), bq, 16, q_lens > 1))
+    for tile, nt, b, block, keep in passes:
+        pt = page_table if p % b == 0 else jnp.pad(page_table, ((0, 0), (0, b - p % b)))
+        dest, out = _attend_tiles(q, kv_pages, kv_scales, kv_lens, pt, cu_q_lens, num_seqs,
+                                  q_tile=tile, num_tiles=nt, keep=keep, pages_per_chunk=b,
+                                  block=block, **kw)
+        result = result.at[dest].set(out.astype(q.dtype), mode="drop")
+    return result
 
 
 def naive_paged_attention(

@@ -164,11 +164,23 @@ class Runner:
     # ------------------------------------------------------------------ host
     def bucket_sizes(self, num_rows: int, num_tokens: int, max_pages: int, decode: bool):
         s = _pow2(num_rows, 1 if decode else 8)
-        t = s if decode else max(_pow4(num_tokens, 16), s)
+        t = s if decode else max(min(_pow4(num_tokens, 16), self._t_cap), s)
         p = self._p_buckets()[-1]
         if self.p_buckets:
             p = min(_pow2(max_pages, 4), p)
         return t, s, p
+
+    @property
+    def _t_cap(self) -> int:
+        """Largest token bucket: the step budget (rounded to a power of two), not the next power of four."""
+        return _pow2(self.max_num_batched_tokens, 16)
+
+    def _t_buckets(self) -> list[int]:
+        out, t = [], 16
+        while t < self._t_cap:
+            out.append(t)
+            t *= 4
+        return out + [self._t_cap]
 
     @property
     def p_buckets(self) -> bool:
@@ -275,22 +287,17 @@ class Runner:
         """Every (rows, tokens, pages, decode) combination whose bucket can occur."""
         shapes = set()
         s_max = _pow2(self.max_num_seqs, 1)
-        t_max = _pow4(self.max_num_batched_tokens, 16)
         for p in self._p_buckets():
             s = 1
             while s <= s_max:
                 shapes.add((s, s, p, True))
-                t = 16
-                while t <= t_max and s >= 8:
+                s *= 2
+            s = 8  # mixed steps pad rows to at least 8
+            while s <= max(s_max, 8):
+                for t in self._t_buckets():
                     if s <= t:
                         shapes.add((s, t, p, False))
-                    t *= 4
                 s *= 2
-            if s_max < 8:  # mixed steps pad rows to at least 8
-                t = 16
-                while t <= t_max:
-                    shapes.add((8, t, p, False))
-                    t *= 4
         return sorted(shapes)
 
     def _dummy_rows(self, s: int, t: int, p: int, decode: bool):

@@ -109,7 +109,7 @@ def make_case(
 # Jitted so a case costs one compile, not an eager dispatch per op.
 ref_attention = jax.jit(
     reference.ragged_paged_attention,
-    static_argnames=("sm_scale", "sliding_window", "soft_cap", "max_q_len", "q_tile"),
+    static_argnames=("sm_scale", "sliding_window", "soft_cap", "max_q_len", "q_tile", "pages_per_chunk"),
 )
 
 MIXED = dict(  # lengths 0, 1, page-1, page, page+1, long; decode rows and prefill chunks
@@ -141,6 +141,21 @@ def test_reference_decode_only_matches_naive():
     args, kw = make_case(1, [1] * 5, [1, 3, 4, 5, 17], group=4, num_kv_heads=1)
     out = ref_attention(*args, sm_scale=0.5, max_q_len=1, **kw)
     _close(out, reference.naive_paged_attention(*args, sm_scale=0.5, **kw), 1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 9])
+@pytest.mark.parametrize("max_q_len", [None, 1])
+def test_reference_long_work_lists_match_naive(max_q_len, window):
+    """One page per work item and long contexts: hundreds of items, so a tile's
+    items span several loop blocks and blocks mix items of many tiles."""
+    q_lens = [1, 1, 1, 1, 1, 1] if max_q_len == 1 else [1, 20, 1, 7, 40, 1]
+    kv_lens = [1, 37, 100, 64, 45, 130]
+    args, kw = make_case(7, q_lens, kv_lens, group=3, page_size=4)
+    for ppc in (1, 3):
+        out = ref_attention(*args, sm_scale=0.3, max_q_len=max_q_len, pages_per_chunk=ppc,
+                            sliding_window=window, **kw)
+        ref = reference.naive_paged_attention(*args, sm_scale=0.3, sliding_window=window, **kw)
+        _close(out, ref, 1e-5)
 
 
 @pytest.mark.parametrize("window,cap", [(3, None), (None, 1.5), (5, 2.0)])
