@@ -234,8 +234,10 @@ def ragged_paged_attention(
     result = jnp.zeros((t, hq, d), q.dtype)
     q_lens = cu_q_lens[1:] - cu_q_lens[:-1]
 
-    # Single-token rows (every decode row): one row per tile, ~32 keys per item.
-    b1 = max(1, min(pages_per_chunk or 32 // page_size, p))
+    # Single-token rows (every decode row): one row per tile, ~32 keys per item
+    # (~64 for a handful of rows: fewer, fuller loop trips).
+    keys = 64 if min(s, t) <= 16 else 32
+    b1 = max(1, min(pages_per_chunk or keys // page_size, p))
     passes = [(1, min(s, t), b1, 32, None if max_q_len == 1 else q_lens == 1)]
     if max_q_len is None or max_q_len > 1:
         # Multi-token rows (prompt chunks): tiles of q_tile rows, ~64 keys per item.
