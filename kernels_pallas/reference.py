@@ -135,7 +135,7 @@ def _attend_tiles(q, kv_pages, kv_scales, kv_lens, page_table, cu_q_lens, num_se
     n_items = jnp.where(tile_valid, jnp.maximum((k_hi + c - 1) // c - c_lo, 0), 0)
     cu_items = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(n_items)])
     total = cu_items[-1]
-    max_col = pages.shape[1] - 1
+    max_col = pages.shape[1] - 1  # a chunk past the table's end reads its last page, masked
 
     def gather(ids, kv):  # ids [W, b] -> [W, Hkv, c, D] (f32)
         x = kv_pages[ids, kv]  # [W, b, Hkv, ps, D]
@@ -224,33 +224,30 @@ def ragged_paged_attention(
     """
     check_args(q, kv_pages, kv_lens, page_table, cu_q_lens, kv_scales)
     t, hq, d = q.shape
-    _, _, hkv, page_size, _ = kv_pages.shape
+    page_size = kv_pages.shape[3]
     s, p = page_table.shape
-    num_seqs = jnp.reshape(num_seqs, ()).astype(jnp.int32)
-    kv_lens = kv_lens.astype(jnp.int32)
     cu_q_lens = cu_q_lens.astype(jnp.int32)
-    page_table = page_table.astype(jnp.int32)
-    kw = dict(sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
-    result = jnp.zeros((t, hq, d), q.dtype)
     q_lens = cu_q_lens[1:] - cu_q_lens[:-1]
+    result = jnp.zeros((t, hq, d), q.dtype)
+
+    def attend(result, *, q_tile, num_tiles, keys, block, keep):
+        b = max(1, min(pages_per_chunk or keys // page_size, p))
+        dest, out = _attend_tiles(
+            q, kv_pages, kv_scales, kv_lens.astype(jnp.int32), page_table.astype(jnp.int32),
+            cu_q_lens, jnp.reshape(num_seqs, ()).astype(jnp.int32), q_tile=q_tile,
+            num_tiles=max(num_tiles, 1), keep=keep, pages_per_chunk=b, block=block,
+            sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
+        return result.at[dest].set(out.astype(q.dtype), mode="drop")
 
     # Single-token rows (every decode row): one row per tile, ~32 keys per item
     # (~64 for a handful of rows: fewer, fuller loop trips).
-    keys = 64 if min(s, t) <= 16 else 32
-    b1 = max(1, min(pages_per_chunk or keys // page_size, p))
-    passes = [(1, min(s, t), b1, 32, None if max_q_len == 1 else q_lens == 1)]
+    result = attend(result, q_tile=1, num_tiles=min(s, t), keys=64 if min(s, t) <= 16 else 32,
+                    block=32, keep=None if max_q_len == 1 else q_lens == 1)
     if max_q_len is None or max_q_len > 1:
         # Multi-token rows (prompt chunks): tiles of q_tile rows, ~64 keys per item.
-        qt_ = q_tile or (16 if max_q_len is None else min(16, 1 << math.ceil(math.log2(max_q_len))))
-        nt = min(t, -(-t // qt_) + min(s, t // 2))
-        bq = max(1, min(pages_per_chunk or 64 // page_size, p))
-        passes.append((qt_, max(nt, 1), bq, 16, q_lens > 1))
-    for tile, nt, b, block, keep in passes:
-        pt = page_table if p % b == 0 else jnp.pad(page_table, ((0, 0), (0, b - p % b)))
-        dest, out = _attend_tiles(q, kv_pages, kv_scales, kv_lens, pt, cu_q_lens, num_seqs,
-                                  q_tile=tile, num_tiles=nt, keep=keep, pages_per_chunk=b,
-                                  block=block, **kw)
-        result = result.at[dest].set(out.astype(q.dtype), mode="drop")
+        bq = q_tile or (16 if max_q_len is None else min(16, 1 << math.ceil(math.log2(max_q_len))))
+        result = attend(result, q_tile=bq, num_tiles=min(t, -(-t // bq) + min(s, t // 2)),
+                        keys=64, block=16, keep=q_lens > 1)
     return result
 
 

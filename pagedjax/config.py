@@ -57,10 +57,10 @@ class EngineArgs:
         kv_cache_dtype: "auto" (model dtype), "int8", "fp8".
         tensor_parallel_size: devices to shard the model over.
         enforce_eager: skip compile-ahead warm-up (shapes compile on first use).
-        scan_layers: run identical layers with ``lax.scan`` (3x faster compiles,
-            but on CPU the scanned KV pool update currently makes steps ~3x
-            slower, so it is off by default); used when the model supports it
-            and tensor_parallel_size == 1.
+        scan_layers: run identical layers with ``lax.scan`` (several times faster
+            compiles, but slower steps on CPU because the scanned KV pool
+            update is not in place, so it is off by default); used when the
+            model supports it and tensor_parallel_size == 1.
     """
 
     model: str | None = None

@@ -6,13 +6,14 @@ are ever compiled:
 * decode-only steps (every row feeds one token): T = S = bucket(rows) from
   powers of two (1, 2, 4, ...), attention tiles of one row (``max_q_len=1``);
 * mixed steps (some row feeds a prompt chunk): T = bucket(tokens) from powers
-  of four >= 16, S = bucket(rows) from powers of two >= 8;
+  of four >= 16, the last bucket being the step budget ``max_num_batched_tokens``
+  (rounded up to a power of two), S = bucket(rows) from powers of two >= 8;
 * P (page-table width): the XLA attention loops only as far as the longest
   context, so it always gets the full width (no P buckets); the Pallas kernels
   size their grids by P, so for them P = bucket(longest sequence's pages)
   from powers of two >= 4;
-* sampling feature flags (penalties, top-k/p, ...) and the number of
-  top logprobs (0, 5 or 20) pick lean variants of the sampler.
+* sampling feature flags (penalties, top-k/p, ...) and whether top logprobs
+  are wanted (one width, 20) pick lean variants of the sampler.
 
 The KV pool is donated to the step so XLA updates it in place. One host->device
 transfer of the batch and one device->host copy of the sampled tokens per step.
@@ -164,32 +165,25 @@ class Runner:
     # ------------------------------------------------------------------ host
     def bucket_sizes(self, num_rows: int, num_tokens: int, max_pages: int, decode: bool):
         s = _pow2(num_rows, 1 if decode else 8)
-        t = s if decode else max(min(_pow4(num_tokens, 16), self._t_cap), s)
-        p = self._p_buckets()[-1]
-        if self.p_buckets:
-            p = min(_pow2(max_pages, 4), p)
+        t = s if decode else max(min(_pow4(num_tokens, 16), self._t_buckets()[-1]), s)
+        widths = self._p_buckets()
+        p = next((w for w in widths if w >= max_pages), widths[-1])
         return t, s, p
 
-    @property
-    def _t_cap(self) -> int:
-        """Largest token bucket: the step budget (rounded to a power of two), not the next power of four."""
-        return _pow2(self.max_num_batched_tokens, 16)
-
     def _t_buckets(self) -> list[int]:
+        """Token buckets of mixed steps: powers of four, the last one the step budget."""
+        cap = _pow2(self.max_num_batched_tokens, 16)
         out, t = [], 16
-        while t < self._t_cap:
+        while t < cap:
             out.append(t)
             t *= 4
-        return out + [self._t_cap]
-
-    @property
-    def p_buckets(self) -> bool:
-        """Whether the page-table width is bucketed (Pallas kernels) or always full (XLA)."""
-        return self.attn_backend != "xla"
+        return out + [cap]
 
     def _p_buckets(self) -> list[int]:
+        """Page-table widths: bucketed for the Pallas kernels (their grids depend on it),
+        always the full width for XLA (its attention loops over live pages only)."""
         full = _pow2(self.max_pages, 4)
-        if not self.p_buckets:
+        if self.attn_backend == "xla":
             return [full]
         return [1 << i for i in range(2, full.bit_length())]
 
