@@ -132,6 +132,28 @@ def _drive(engine, reqs, params_of, tag: str, sample_every_step=None) -> tuple[d
     return done, time.perf_counter() - t0
 
 
+def step_profile(times, shapes) -> list[dict]:
+    """Where the pagedjax run's time goes: steps grouped by padded shape bucket.
+
+    ``times``/``shapes`` are ``Runner.step_times``/``Runner.step_shapes`` of the run
+    (device step incl. the host<->device copies; host scheduling is not in them).
+    """
+    groups: dict[tuple, list] = {}
+    for dt, (decode, s, t, rows, tokens) in zip(times, shapes):
+        g = groups.setdefault(("decode" if decode else "mixed", s, t), [0, 0.0, 0, 0])
+        g[0] += 1
+        g[1] += dt
+        g[2] += rows
+        g[3] += tokens
+    total = sum(times) or 1.0
+    out = []
+    for (kind, s, t), (n, sec, rows, tokens) in sorted(groups.items()):
+        out.append({"kind": kind, "rows_bucket": s, "tokens_bucket": t, "steps": n,
+                    "seconds": sec, "mean_step_ms": 1000 * sec / n, "share": sec / total,
+                    "mean_rows": rows / n, "tokens": tokens})
+    return out
+
+
 def run_pagedjax(reqs, ns) -> tuple[dict, object]:
     from pagedjax import LLM, SamplingParams
     from pagedjax.runner import CompileCounter
@@ -184,6 +206,7 @@ def run_pagedjax(reqs, ns) -> tuple[dict, object]:
     if bad:
         raise RuntimeError(f"pagedjax produced wrong output lengths (index, want, got): {bad[:5]}")
     step_times = runner.step_times[n_times0:]
+    profile = step_profile(step_times, runner.step_shapes[n_times0:])
     res = _summary(
         "pagedjax", reqs, dur, ttfts, tpots,
         load_s=load_s, warmup=ns.warmup, warmup_s=warmup_s,
@@ -194,7 +217,7 @@ def run_pagedjax(reqs, ns) -> tuple[dict, object]:
         kv_waste_mean=_mean(waste), kv_waste_max=max(waste) if waste else None,
         peak_pages_used=max(used) if used else 0, num_pages=engine.num_pages,
         page_size=engine.args.page_size, max_model_len=mml, max_num_seqs=ns.max_num_seqs,
-        max_num_batched_tokens=runner.max_num_batched_tokens)
+        max_num_batched_tokens=runner.max_num_batched_tokens, step_profile=profile)
     res["_tokens"] = [list(done[f"run-{i}"].outputs[0].token_ids) for i in range(len(reqs))]
     return res, llm
 
@@ -470,6 +493,12 @@ def print_table(report: dict) -> None:
               f"{pj['num_steps']} steps ({num(pj['mean_step_ms'], '.1f')} ms mean), "
               f"KV waste mean {num(pj['kv_waste_mean'], '.1%')}, "
               f"peak pages {pj['peak_pages_used']}/{pj['num_pages'] - 1}")
+    if pj and pj.get("step_profile"):
+        print("pagedjax step profile (padded shape bucket: steps, time, mean step, mean real rows, tokens):")
+        for b in pj["step_profile"]:
+            print(f"  {b['kind']:<6} S={b['rows_bucket']:<4} T={b['tokens_bucket']:<5} "
+                  f"{b['steps']:>5} steps {b['seconds']:>7.1f} s ({b['share']:>4.0%}) "
+                  f"{b['mean_step_ms']:>7.1f} ms {b['mean_rows']:>6.1f} rows {b['tokens']:>7} tokens")
     hs = sysres.get("hf_static")
     if hs and "error" not in hs:
         print(f"hf_static: {hs['useful_fraction']:.0%} of generated tokens are useful "

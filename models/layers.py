@@ -107,7 +107,16 @@ def rope_cos_sin(
     dtype,
 ) -> tuple[jax.Array, jax.Array]:  # cos, sin [T, D/2]
     angles = positions.astype(jnp.float32)[:, None] * jnp.asarray(inv_freq)[None, :]
-    return jnp.cos(angles).astype(dtype), jnp.sin(angles).astype(dtype)
+    # XLA fuses cos/sin into every layer's rotary and recomputes them per
+    # element of q and k in each layer (~15 ms of a 64-row decode step on a
+    # 2-core CPU; optimization_barrier is stripped before fusion on CPU). A
+    # one-trip loop whose trip count the compiler cannot see computes them once.
+    def body(_, carry):
+        return jnp.cos(angles).astype(dtype), jnp.sin(angles).astype(dtype)
+
+    zero = jnp.zeros(angles.shape, dtype)
+    trips = (positions[:1].sum() >= 0).astype(jnp.int32)  # 1, unknown to the compiler
+    return jax.lax.fori_loop(0, trips, body, (zero, zero))
 
 
 def apply_rotary(

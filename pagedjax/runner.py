@@ -118,6 +118,8 @@ class Runner:
         self.mesh = mesh
         self.shapes_seen: set[tuple] = set()
         self.step_times: list[float] = []
+        # Beside each step time: (decode-only, S bucket, T bucket, real rows, real tokens).
+        self.step_shapes: list[tuple[bool, int, int, int, int]] = []
         CompileCounter.install()
         # Two programs per step: the model (compiled per shape bucket, the
         # expensive one) and the sampler (per row bucket and feature flags,
@@ -266,6 +268,8 @@ class Runner:
         out = self._sample(logits, sample_index, st, num_logprobs=num_logprobs)
         out, plp = jax.device_get((out, plp))
         self.step_times.append(time.perf_counter() - t0)
+        self.step_shapes.append((batch.meta.max_q_len == 1, shape[1], shape[0], len(rows),
+                                 sum(len(r.token_ids) for r in rows)))
         prompt_out = {}
         if plp is not None:
             cu = np.asarray(batch.meta.cu_q_lens)

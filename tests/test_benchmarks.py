@@ -52,6 +52,11 @@ def test_throughput_smoke(tiny_folder, tmp_path):
     assert pj["output_tokens"] == sum(wl["output_lens"])
     assert pj["compilations_after_warmup"] == 0
     assert 0.0 <= pj["kv_waste_mean"] < 1.0
+    prof = pj["step_profile"]  # per shape bucket: covers every step of the timed run
+    assert sum(b["steps"] for b in prof) == pj["num_steps"]
+    assert sum(b["tokens"] for b in prof) == pj["output_tokens"] + pj["input_tokens"] - wl["num_requests"]
+    assert abs(sum(b["share"] for b in prof) - 1.0) < 1e-6
+    assert all(b["mean_rows"] <= b["rows_bucket"] for b in prof)
 
     hs = rep["systems"]["hf_static"]
     assert "error" not in hs, hs
