@@ -109,12 +109,23 @@ def write_kv(
 
 
 def copy_pages(
-    kv_pages: jax.Array,  # [num_pages, 2, Hkv, page_size, D]
+    kv_pages: jax.Array,  # [num_pages, 2, Hkv, page_size, D] (or [L, num_pages, ...])
     kv_scales: jax.Array | None,
     src: jax.Array,  # i32[C]
     dst: jax.Array,  # i32[C]
+    *,
+    layer_axis: bool = False,
 ) -> tuple[jax.Array, jax.Array | None]:
-    """Copy whole pages src[i] -> dst[i] (copy-on-write). Pad with (0, 0)."""
+    """Copy whole pages src[i] -> dst[i] (copy-on-write). Pad with (0, 0).
+
+    ``layer_axis``: the pool stacks all layers on a leading axis (the
+    ``scan_layers`` layout); page ids index axis 1 and every layer is copied.
+    """
+    if layer_axis:
+        kv_pages = kv_pages.at[:, dst].set(kv_pages[:, src])
+        if kv_scales is not None:
+            kv_scales = kv_scales.at[:, dst].set(kv_scales[:, src])
+        return kv_pages, kv_scales
     kv_pages = kv_pages.at[dst].set(kv_pages[src])
     if kv_scales is not None:
         kv_scales = kv_scales.at[dst].set(kv_scales[src])

@@ -75,6 +75,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from kernels_pallas.reference import check_args
+from kernels_pallas.tiling import tile_table
 
 _NEG = -1e30
 _VMEM_KV_BUDGET = 8 << 20  # both slots of the K/V block buffer
@@ -325,8 +326,6 @@ def ragged_paged_attention(
 def _run(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, kv_scales, *,
          sm_scale, sliding_window, soft_cap, interpret, bq, m_rows, ppb, num_tiles,
          vmem_limit_bytes):
-    from kernels_pallas.triton_gpu import tile_table  # pure jnp
-
     t, hq, d = q.shape
     _, _, hkv, page_size, _ = kv_pages.shape
     g = hq // hkv
@@ -334,7 +333,8 @@ def _run(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, kv_scales, *,
     num_seqs = jnp.reshape(num_seqs, ()).astype(jnp.int32)
     kv_lens = kv_lens.astype(jnp.int32)
     cu_q_lens = cu_q_lens.astype(jnp.int32)
-    row0, nrows, pos0, kvlen, seq = tile_table(cu_q_lens, kv_lens, num_seqs, t, bq, num_tiles)
+    tt = tile_table(cu_q_lens, kv_lens, num_seqs, bq, num_tiles)
+    row0, nrows, pos0, kvlen, seq = tt.row0, tt.nrows, tt.pos0, tt.kv_len, tt.seq
 
     # q tiles [NT, Hkv, M, D]: row i*G + g of KV head h = query i, head h*G + g.
     qi = jnp.arange(bq, dtype=jnp.int32)

@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from kernels_pallas.kv_write import dequantize
+from kernels_pallas.tiling import tile_table
 
 _NEG_INF = -1e30
 
@@ -78,25 +79,6 @@ def check_args(q, kv_pages, kv_lens, page_table, cu_q_lens, kv_scales=None) -> N
         raise ValueError(f"kv_scales: required for a quantized kv_pages dtype {kv_pages.dtype}")
 
 
-def _tiles(cu_q_lens, num_seqs, q_tile: int, num_tiles: int, keep=None):
-    """Static-shape tile table: per tile its sequence and first row.
-
-    ``keep`` (bool [S]) restricts tiling to some sequences; the others get no tiles.
-    """
-    s = cu_q_lens.shape[0] - 1
-    seq_valid = jnp.arange(s) < num_seqs
-    if keep is not None:
-        seq_valid = seq_valid & keep
-    q_lens = jnp.where(seq_valid, cu_q_lens[1:] - cu_q_lens[:-1], 0)
-    tiles_per_seq = (q_lens + q_tile - 1) // q_tile
-    cu_tiles = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(tiles_per_seq)])
-    tile_idx = jnp.arange(num_tiles, dtype=jnp.int32)
-    tile_seq = jnp.clip(jnp.searchsorted(cu_tiles, tile_idx, side="right") - 1, 0, s - 1)
-    tile_valid = tile_idx < cu_tiles[-1]
-    first = cu_q_lens[tile_seq] + (tile_idx - cu_tiles[tile_seq]) * q_tile
-    return tile_seq.astype(jnp.int32), first.astype(jnp.int32), tile_valid, q_lens
-
-
 def _attend_tiles(q, kv_pages, kv_scales, kv_lens, page_table, cu_q_lens, num_seqs, *,
                   q_tile: int, num_tiles: int, keep, pages_per_chunk: int, block: int,
                   sm_scale, sliding_window, soft_cap):
@@ -115,7 +97,8 @@ def _attend_tiles(q, kv_pages, kv_scales, kv_lens, page_table, cu_q_lens, num_se
     b = pages_per_chunk
     c = b * page_size
     nt = num_tiles
-    tile_seq, first, tile_valid, q_lens = _tiles(cu_q_lens, num_seqs, q_tile, nt, keep)
+    tt = tile_table(cu_q_lens, kv_lens, num_seqs, q_tile, nt, keep)
+    tile_seq, first, tile_valid, q_lens = tt.seq, tt.row0, tt.valid, tt.q_lens
 
     local = jnp.arange(q_tile, dtype=jnp.int32)
     rows = first[:, None] + local[None, :]  # [NT, Bq]

@@ -73,6 +73,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from kernels_pallas.reference import check_args
+from kernels_pallas.tiling import tile_table
 
 _NEG = -1e30
 # Programs wanted in flight for a decode step: ~2 waves on an H100/H200.
@@ -102,30 +103,6 @@ def _gpu_store(ref, val, mask):
     if store is not None:
         return store(ref, val, mask=mask)
     return pl.store(ref, (), val, mask=mask)  # pragma: no cover (old API)
-
-
-def tile_table(cu_q_lens, kv_lens, num_seqs, num_rows: int, block_q: int, num_tiles: int):
-    """Per query tile: (first flat row, rows, position of first row, kv_len, seq).
-
-    Tiles never cross a sequence boundary; tiles past the valid ones have 0
-    rows. All outputs are i32[num_tiles].
-    """
-    s = kv_lens.shape[0]
-    seq_valid = jnp.arange(s) < num_seqs
-    q_lens = jnp.where(seq_valid, cu_q_lens[1:] - cu_q_lens[:-1], 0)
-    tiles_per_seq = (q_lens + block_q - 1) // block_q
-    cu_tiles = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(tiles_per_seq)])
-    idx = jnp.arange(num_tiles, dtype=jnp.int32)
-    seq = jnp.clip(jnp.searchsorted(cu_tiles, idx, side="right") - 1, 0, s - 1).astype(jnp.int32)
-    valid = idx < cu_tiles[-1]
-    local0 = (idx - cu_tiles[seq]) * block_q  # first query index inside the sequence
-    row0 = cu_q_lens[seq] + local0
-    nrows = jnp.where(valid, jnp.minimum(block_q, q_lens[seq] - local0), 0)
-    kv_len = kv_lens[seq]
-    pos0 = kv_len - q_lens[seq] + local0
-    row0 = jnp.where(valid, row0, 0)
-    as32 = lambda a: a.astype(jnp.int32)
-    return as32(row0), as32(nrows), as32(pos0), as32(kv_len), seq
 
 
 def chunk_geometry(page_size: int, block_k: int) -> tuple[int, int, int]:
@@ -357,7 +334,8 @@ def _run(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, kv_scales, *,
     num_seqs = jnp.reshape(num_seqs, ()).astype(jnp.int32)
     kv_lens = kv_lens.astype(jnp.int32)
     cu_q_lens = cu_q_lens.astype(jnp.int32)
-    row0, nrows, pos0, kvlen, seq = tile_table(cu_q_lens, kv_lens, num_seqs, t, bq, num_tiles)
+    tt = tile_table(cu_q_lens, kv_lens, num_seqs, bq, num_tiles)
+    row0, nrows, pos0, kvlen, seq = tt.row0, tt.nrows, tt.pos0, tt.kv_len, tt.seq
 
     # [T, Hq, D] -> [Hkv, T*G, D]; padded at the end so a tile's M-row window
     # never leaves the array (rows past the tile are masked anyway).

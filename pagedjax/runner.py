@@ -146,12 +146,8 @@ class Runner:
 
     @staticmethod
     def _copy_impl(kv_caches, src, dst):
-        if isinstance(kv_caches[0], jax.Array) and kv_caches[0].ndim == 6:  # stacked layers
-            pages, scales = kv_caches
-            pages = pages.at[:, dst].set(pages[:, src])
-            if scales is not None:
-                scales = scales.at[:, dst].set(scales[:, src])
-            return (pages, scales)
+        if isinstance(kv_caches[0], jax.Array):  # scan_layers: one stacked (pages, scales) pair
+            return copy_pages(*kv_caches, src, dst, layer_axis=True)
         return tuple(copy_pages(pages, scales, src, dst) for pages, scales in kv_caches)
 
     def copy_pages(self, copies: Sequence[tuple[int, int]]) -> None:

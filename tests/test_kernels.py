@@ -273,9 +273,9 @@ def test_quantized_pages_need_scales(kind):
         kernels_pallas.ragged_paged_attention(*args, sm_scale=1.0, backend=kind)
 
 
-def test_unsupported_sizes_per_kernel():
+def test_triton_unsupported_sizes():
     args, kw = _args()  # head_dim 16, page_size 4, 2 kv heads
-    # Triton: head_dim must be a power of two (any mode) and >= 16 natively.
+    # head_dim must be a power of two (any mode) and >= 16 natively.
     q24 = jnp.zeros(args[0].shape[:2] + (24,))
     kv24 = jnp.zeros(args[1].shape[:4] + (24,))
     with pytest.raises(ValueError, match="head_dim"):
@@ -283,7 +283,11 @@ def test_unsupported_sizes_per_kernel():
     q8, kv8 = args[0][..., :8], args[1][..., :8]
     with pytest.raises(ValueError, match="head_dim"):
         triton_gpu.ragged_paged_attention(q8, kv8, *args[2:], sm_scale=1.0, interpret=False)
-    # Mosaic natively: head_dim 64 or a multiple of 128; page rows tile-aligned.
+
+
+def test_mosaic_unsupported_sizes():
+    args, kw = _args()  # head_dim 16, page_size 4, 2 kv heads
+    # Natively: head_dim 64 or a multiple of 128; page rows tile-aligned.
     with pytest.raises(ValueError, match="head_dim"):
         mosaic_tpu.ragged_paged_attention(*args, sm_scale=1.0, interpret=False)
     q64 = jnp.zeros(args[0].shape[:2] + (64,), jnp.bfloat16)
@@ -291,17 +295,21 @@ def test_unsupported_sizes_per_kernel():
     with pytest.raises(ValueError, match="page_size"):
         mosaic_tpu.ragged_paged_attention(q64[:, :2], kv64, *args[2:], sm_scale=1.0,
                                           interpret=False)
-    # Both: window and cap must be positive; scales must be f32.
-    for mod in (triton_gpu, mosaic_tpu):
-        with pytest.raises(ValueError, match="sliding_window"):
-            mod.ragged_paged_attention(*args, sm_scale=1.0, sliding_window=0, interpret=True)
-        with pytest.raises(ValueError, match="soft_cap"):
-            mod.ragged_paged_attention(*args, sm_scale=1.0, soft_cap=-1.0, interpret=True)
-        int8 = args[1].astype(jnp.int8)
-        bad = jnp.ones(int8.shape[:4], jnp.bfloat16)
-        with pytest.raises(ValueError, match="kv_scales"):
-            mod.ragged_paged_attention(args[0], int8, *args[2:], sm_scale=1.0, kv_scales=bad,
-                                       interpret=True)
+
+
+@pytest.mark.parametrize("mod", [triton_gpu, mosaic_tpu], ids=["triton", "mosaic"])
+def test_bad_window_cap_and_scales(mod):
+    args, kw = _args()
+    # Window and cap must be positive; scales must be f32.
+    with pytest.raises(ValueError, match="sliding_window"):
+        mod.ragged_paged_attention(*args, sm_scale=1.0, sliding_window=0, interpret=True)
+    with pytest.raises(ValueError, match="soft_cap"):
+        mod.ragged_paged_attention(*args, sm_scale=1.0, soft_cap=-1.0, interpret=True)
+    int8 = args[1].astype(jnp.int8)
+    bad = jnp.ones(int8.shape[:4], jnp.bfloat16)
+    with pytest.raises(ValueError, match="kv_scales"):
+        mod.ragged_paged_attention(args[0], int8, *args[2:], sm_scale=1.0, kv_scales=bad,
+                                   interpret=True)
 
 
 @pytest.mark.parametrize("kind", ["xla", "pallas_gpu", "pallas_tpu"])

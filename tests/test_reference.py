@@ -201,3 +201,30 @@ def test_check_args_names_argument(name, change):
     with pytest.raises(ValueError, match=name):
         reference.check_args(a["q"], a["kv_pages"], a["kv_lens"], a["page_table"],
                              a["cu_q_lens"], a["kv_scales"])
+
+
+@pytest.mark.parametrize("layer_axis", [False, True])
+@pytest.mark.parametrize("quantized", [False, True])
+def test_copy_pages(layer_axis, quantized):
+    """Copy-on-write copies whole pages (data and scales), of every layer when stacked."""
+    from kernels_pallas.kv_write import copy_pages
+
+    rng = np.random.default_rng(0)
+    shape = (6, 2, 2, 4, 8)  # [pages, 2, Hkv, page_size, D]
+    if layer_axis:
+        shape = (3,) + shape  # [L, pages, ...]
+    pages = jnp.asarray(rng.standard_normal(shape).astype(np.float32))
+    scales = jnp.asarray(rng.random(shape[:-1]).astype(np.float32)) if quantized else None
+    src, dst = jnp.array([1, 4, 0]), jnp.array([2, 5, 0])  # (0, 0): padding
+    new_pages, new_scales = copy_pages(pages, scales, src, dst, layer_axis=layer_axis)
+    want, got = np.asarray(pages), np.asarray(new_pages)
+    ax = 1 if layer_axis else 0
+    take = lambda a, i: np.take(a, i, axis=ax)  # noqa: E731
+    np.testing.assert_array_equal(take(got, 2), take(want, 1))
+    np.testing.assert_array_equal(take(got, 5), take(want, 4))
+    for untouched in (0, 1, 3, 4):
+        np.testing.assert_array_equal(take(got, untouched), take(want, untouched))
+    if quantized:
+        np.testing.assert_array_equal(take(np.asarray(new_scales), 2), take(np.asarray(scales), 1))
+    else:
+        assert new_scales is None
