@@ -75,3 +75,33 @@ def test_throughput_smoke(tiny_folder, tmp_path):
     assert sh["n4"]["sequences"] == sh["independent"]["sequences"] == 32
     assert sh["n4"]["peak_pages_used"] < sh["independent"]["peak_pages_used"]
     assert sh["n4"]["peak_pages_saved_by_sharing"] > 0
+
+
+def test_step_floor_smoke(tiny_folder, tmp_path):
+    from benchmarks import step_floor
+
+    out = tmp_path / "floor.json"
+    rc = step_floor.main(["--model", tiny_folder, "--rows", "1,4", "--context", "40",
+                          "--tokens", "32", "--prompt-chunk", "16", "--reps", "1",
+                          "--json", str(out), "--quiet"])
+    assert rc == 0
+    rep = json.loads(out.read_text())
+    kinds = [(r["kind"], r["rows"], r["tokens"]) for r in rep["steps"]]
+    assert kinds == [("decode", 1, 1), ("decode", 4, 4), ("mixed", 2, 32)]
+    for r in rep["steps"]:
+        assert r["full_ms"] > 0 and r["no_attention_ms"] > 0
+
+
+def test_step_floor_prices_a_profile():
+    from benchmarks.step_floor import price_profile
+
+    steps = [{"kind": "decode", "rows": 1, "tokens": 1, "no_attention_ms": 10.0},
+             {"kind": "decode", "rows": 4, "tokens": 4, "no_attention_ms": 20.0},
+             {"kind": "mixed", "rows": 8, "tokens": 512, "no_attention_ms": 400.0}]
+    profile = [{"kind": "decode", "rows_bucket": 1, "tokens_bucket": 1, "steps": 3, "seconds": 0.5},
+               {"kind": "decode", "rows_bucket": 2, "tokens_bucket": 2, "steps": 2, "seconds": 0.5},
+               {"kind": "mixed", "rows_bucket": 8, "tokens_bucket": 256, "steps": 1, "seconds": 1.0}]
+    got = price_profile(profile, steps)
+    # 3 x 10 ms + 2 x 20 ms (2 rows priced at the next measured size, 4) + 400 ms x 256/512
+    assert got["no_attention_floor_s"] == pytest.approx(0.030 + 0.040 + 0.200)
+    assert got["measured_step_s"] == pytest.approx(2.0)
