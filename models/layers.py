@@ -107,10 +107,13 @@ def rope_cos_sin(
     dtype,
 ) -> tuple[jax.Array, jax.Array]:  # cos, sin [T, D/2]
     angles = positions.astype(jnp.float32)[:, None] * jnp.asarray(inv_freq)[None, :]
-    # XLA fuses cos/sin into every layer's rotary and recomputes them per
+    if jax.default_backend() != "cpu":
+        return jnp.cos(angles).astype(dtype), jnp.sin(angles).astype(dtype)
+    # XLA:CPU fuses cos/sin into every layer's rotary and recomputes them per
     # element of q and k in each layer (~15 ms of a 64-row decode step on a
     # 2-core CPU; optimization_barrier is stripped before fusion on CPU). A
     # one-trip loop whose trip count the compiler cannot see computes them once.
+    # (CPU only: on GPU a data-dependent loop trip count can cost a device->host sync.)
     def body(_, carry):
         return jnp.cos(angles).astype(dtype), jnp.sin(angles).astype(dtype)
 
