@@ -144,7 +144,10 @@ def _attend_tiles(q, kv_pages, kv_scales, kv_lens, page_table, cu_q_lens, num_se
         key_valid = key_pos < kv_len_t[it][:, None]
         # Zero V outside the context so NaN garbage in unused pages cannot leak.
         v = jnp.where(key_valid[:, None, :, None], v, 0.0)
-        scores = jnp.einsum("nkmd,nkcd->nkmc", qt[it], k)
+        if q_tile == 1:  # decode rows (M = G): K @ q^T suits XLA:CPU's small batched dots better
+            scores = jnp.einsum("nkcd,nkmd->nkcm", k, qt[it]).swapaxes(-1, -2)
+        else:
+            scores = jnp.einsum("nkmd,nkcd->nkmc", qt[it], k)
         if soft_cap is not None:
             scores = soft_cap * jnp.tanh(scores / soft_cap)
         qp = q_pos[it]  # [W, Bq]
