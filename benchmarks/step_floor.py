@@ -35,6 +35,8 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.throughput import write_json  # noqa: E402
+
 DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "step_floor.json")
 
 
@@ -75,17 +77,19 @@ def measure(ns) -> dict:
     if not hasattr(model, "attention_fn"):
         raise SystemExit(f"{type(model).__name__} has no attention_fn hook; use a Llama-family model")
 
-    def step_fn():
+    def step_fn(attention_fn):
         def f(params, kv, batch):
-            hidden, kv = model.forward(params, kv, batch.token_ids, batch.meta)
+            saved = model.attention_fn  # the hook is read while tracing
+            model.attention_fn = attention_fn
+            try:
+                hidden, kv = model.forward(params, kv, batch.token_ids, batch.meta)
+            finally:
+                model.attention_fn = saved
             return model.compute_logits(params, hidden[batch.logits_index]), kv
         return jax.jit(f, donate_argnums=(1,))
 
-    full = step_fn()
-    saved = model.attention_fn
-    model.attention_fn = lambda q, *a, **k: q  # identity: [T, Hq, D] in, [T, Hq, D] out
-    bare = step_fn()
-    model.attention_fn = saved
+    full = step_fn(model.attention_fn)
+    bare = step_fn(lambda q, *a, **k: q)  # identity: [T, Hq, D] in, [T, Hq, D] out
 
     def run(fn, batch):
         logits, runner.kv_caches = fn(runner.params, runner.kv_caches, batch)
@@ -101,9 +105,7 @@ def measure(ns) -> dict:
         batch = runner.prepare(rows, [], {}, {})[0]
         batch = jax.device_put(batch)
         t_full = _time(lambda: run(full, batch), ns.reps)
-        model.attention_fn = lambda q, *a, **k: q
         t_bare = _time(lambda: run(bare, batch), ns.reps)
-        model.attention_fn = saved
         rec = {"kind": kind, "rows": n, "tokens": n * each, "context": ns.context,
                "full_ms": 1000 * t_full, "no_attention_ms": 1000 * t_bare,
                "attention_share": 1 - t_bare / t_full}
@@ -181,10 +183,7 @@ def main(argv=None) -> int:
         for k, v in priced.items():
             if k.startswith("run_s_needed"):
                 print(f"  {k}: {v:.1f} s")
-    os.makedirs(os.path.dirname(os.path.abspath(ns.json)), exist_ok=True)
-    with open(ns.json, "w") as f:
-        json.dump(report, f, indent=1)
-    print(f"\nwrote {ns.json}")
+    write_json(report, ns.json)
     return 0
 
 

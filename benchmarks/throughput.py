@@ -605,11 +605,16 @@ def main(argv=None) -> int:
             k: _agreement(tokens["pagedjax"], v) for k, v in tokens.items() if k != "pagedjax"}
     print_table(report)
     if ns.json:
-        os.makedirs(os.path.dirname(os.path.abspath(ns.json)), exist_ok=True)
-        with open(ns.json, "w") as f:
-            json.dump(report, f, indent=1)
-        print(f"\nwrote {ns.json}")
+        write_json(report, ns.json)
     return 0
+
+
+def write_json(report: dict, path: str) -> None:
+    """Write a benchmark report (creating its folder) and say where."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1)
+    print(f"\nwrote {path}")
 
 
 if __name__ == "__main__":
