@@ -71,6 +71,7 @@ def measure(ns) -> dict:
     s_max = max(rows_list)
     llm = LLM(model=ns.model, max_model_len=max(ns.context, ns.tokens) + 16, max_num_seqs=s_max,
               max_num_batched_tokens=max(ns.tokens, 16), enforce_eager=True,
+              attention_backend=ns.attention_backend,
               num_pages=s_max * (-(-ns.context // 16)) + 64)
     runner = llm.llm_engine.runner
     model = runner.model
@@ -82,10 +83,12 @@ def measure(ns) -> dict:
             saved = model.attention_fn  # the hook is read while tracing
             model.attention_fn = attention_fn
             try:
-                hidden, kv = model.forward(params, kv, batch.token_ids, batch.meta)
+                with runner.matmul_context():  # as the engine's step traces it
+                    hidden, kv = model.forward(params, kv, batch.token_ids, batch.meta)
+                    logits = model.compute_logits(params, hidden[batch.logits_index])
             finally:
                 model.attention_fn = saved
-            return model.compute_logits(params, hidden[batch.logits_index]), kv
+            return logits, kv
         return jax.jit(f, donate_argnums=(1,))
 
     full = step_fn(model.attention_fn)
@@ -147,6 +150,7 @@ def parse_args(argv=None):
     p.add_argument("--tokens", type=int, default=512, help="tokens of the prefill-sized step (0: skip)")
     p.add_argument("--prompt-chunk", type=int, default=64, help="tokens per row in that step")
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--attention-backend", default="auto")
     p.add_argument("--profile", default=None, help="throughput.py JSON whose step profile to price")
     p.add_argument("--json", default=DEFAULT_JSON)
     p.add_argument("--quiet", action="store_true")

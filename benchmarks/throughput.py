@@ -162,6 +162,7 @@ def run_pagedjax(reqs, ns) -> tuple[dict, object]:
     mml = ns.max_model_len or max(128, -(-(max_len + 1) // 16) * 16)
     t = time.perf_counter()
     llm = LLM(model=ns.model, max_model_len=mml, max_num_seqs=ns.max_num_seqs,
+              attention_backend=ns.attention_backend,
               max_num_batched_tokens=ns.max_num_batched_tokens, num_pages=ns.num_pages,
               seed=ns.seed)
     load_s = time.perf_counter() - t
@@ -529,6 +530,8 @@ def parse_args(argv=None):
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--max-model-len", type=int, default=None, help="default: fits the workload")
     p.add_argument("--num-pages", type=int, default=None)
+    p.add_argument("--attention-backend", default="auto",
+                   help="pagedjax attention_backend (auto: cpu_native on CPU when it builds)")
     p.add_argument("--warmup", choices=("shapes", "pass"), default="shapes",
                    help="shapes: compile the step shapes the workload can reach; pass: run the "
                         "workload once untimed")

@@ -1,7 +1,10 @@
 """Ragged paged-attention kernels behind one entry point.
 
 ``ragged_paged_attention(..., backend=...)`` dispatches to:
-  - ``xla``: the pure-jnp reference (``reference.py``), what CPUs run;
+  - ``cpu_native``: a C++ kernel called through XLA's FFI (``cpu_native.py``,
+    built on first use with the system compiler), what ``auto`` picks on CPU;
+  - ``xla``: the pure-jnp reference (``reference.py``), runs anywhere; ``auto``
+    on CPU when the C++ kernel cannot be built;
   - ``pallas_gpu``: a Pallas kernel lowered through Triton (``triton_gpu.py``);
   - ``pallas_tpu``: a Pallas kernel lowered through Mosaic (``mosaic_tpu.py``).
 ``auto`` picks by ``jax.default_backend()``. On CPU the Pallas backends run in
@@ -23,21 +26,33 @@ from kernels_pallas.kv_write import (  # noqa: F401
 from kernels_pallas.reference import check_args
 from kernels_pallas.reference import ragged_paged_attention as reference_attention
 
-BACKENDS = ("auto", "xla", "pallas_gpu", "pallas_tpu")
+BACKENDS = ("auto", "xla", "cpu_native", "pallas_gpu", "pallas_tpu")
 
 
 def resolve_backend(backend: str = "auto") -> str:
     """Map ``auto`` to a concrete backend for the current platform."""
     if backend not in BACKENDS:
         raise ValueError(f"attention_backend: {backend!r} is not one of {BACKENDS}")
+    platform = jax.default_backend()
+    if backend == "cpu_native":
+        from kernels_pallas import cpu_native
+
+        if platform != "cpu":
+            raise ValueError(f"attention_backend='cpu_native' runs on the CPU platform, "
+                             f"this process runs on {platform!r}; use 'auto'")
+        if not cpu_native.available():
+            raise ValueError(f"attention_backend='cpu_native' is unavailable: "
+                             f"{cpu_native.unavailable_reason()}; use 'xla'")
+        return backend
     if backend != "auto":
         return backend
-    platform = jax.default_backend()
     if platform == "gpu":
         return "pallas_gpu"
     if platform == "tpu":
         return "pallas_tpu"
-    return "xla"
+    from kernels_pallas import cpu_native
+
+    return "cpu_native" if platform == "cpu" and cpu_native.available() else "xla"
 
 
 def _check_page_table_width(kv_pages, kv_lens, page_table, num_seqs, max_q_len) -> None:
@@ -84,6 +99,11 @@ def ragged_paged_attention(
               kv_scales=kv_scales, max_q_len=max_q_len)
     if backend == "xla":
         return reference_attention(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, **kw)
+    if backend == "cpu_native":
+        from kernels_pallas import cpu_native
+
+        return cpu_native.ragged_paged_attention(
+            q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, **kw)
     if backend == "pallas_gpu":
         from kernels_pallas import triton_gpu
 

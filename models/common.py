@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import kernels_pallas
+from models import layers as L
 from models.base import ModelInfo
 
 GetTensor = Callable[[str], np.ndarray]
@@ -130,9 +131,9 @@ class CausalLM:
         hidden: jax.Array,  # [R, H] output of forward at the rows to sample
     ) -> jax.Array:  # f32[R, vocab]
         if "lm_head" in params:
-            logits = jnp.einsum("rh,hv->rv", hidden, params["lm_head"]["kernel"])
+            logits = L.matmul(hidden, params["lm_head"]["kernel"])
         else:
-            logits = jnp.einsum("rh,vh->rv", hidden, params["embed_tokens"]["embedding"])
+            logits = L.matmul(hidden, params["embed_tokens"]["embedding"], transposed=True)
         logits = logits.astype(jnp.float32)
         if self.final_logit_softcap:
             cap = self.final_logit_softcap

@@ -21,6 +21,8 @@ parameter dtype (float32 on CPU).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from typing import Callable
 
@@ -156,11 +158,48 @@ def activation(name: str) -> Callable[[jax.Array], jax.Array]:
     return ACTIVATIONS[name]
 
 
+# Decode steps multiply a handful of rows by every weight, where XLA:CPU's
+# GEMM runs well below the memory-bandwidth limit; the runner routes matmuls
+# of at most ``max_rows`` rows to the C++ kernel (kernels_pallas/cpu_native.cc)
+# while it traces a step on the cpu_native backend. Read at trace time.
+_native_rows: contextvars.ContextVar[int] = contextvars.ContextVar("native_rows", default=0)
+
+
+@contextlib.contextmanager
+def native_matmuls(max_rows: int):
+    """Within this context, float32 :func:`matmul` calls of at most ``max_rows``
+    rows run the C++ CPU kernel (0: never)."""
+    token = _native_rows.set(max_rows)
+    try:
+        yield
+    finally:
+        _native_rows.reset(token)
+
+
+def _native(x: jax.Array, w: jax.Array) -> bool:
+    f32 = jnp.dtype(jnp.float32)
+    return 0 < x.shape[0] <= _native_rows.get() and x.dtype == f32 and w.dtype == f32
+
+
+def matmul(x: jax.Array, w: jax.Array, *, transposed: bool = False) -> jax.Array:
+    """``x [T, In] @ w [In, ...Out]`` -> ``[T, ...Out]``, or ``x @ w[Out, In].T``
+    when ``transposed``."""
+    if _native(x, w):
+        from kernels_pallas import cpu_native
+
+        w2 = w if transposed else w.reshape(w.shape[0], -1)
+        y = cpu_native.matmul(x, w2, transposed=transposed)
+        return y if transposed else y.reshape(x.shape[0], *w.shape[1:])
+    if transposed:
+        return jnp.einsum("ti,oi->to", x, w)
+    return jnp.tensordot(x, w, axes=1)
+
+
 def dense(
     p: Params,  # {"kernel": [In, Out], "bias"?: [Out]}
     x: jax.Array,  # [T, In]
 ) -> jax.Array:  # [T, Out]
-    y = jnp.einsum("ti,io->to", x, p["kernel"])
+    y = matmul(x, p["kernel"])
     if "bias" in p:
         y = y + p["bias"]
     return y
@@ -171,7 +210,7 @@ def gated_mlp(
     x: jax.Array,  # [T, H]
     act: Callable[[jax.Array], jax.Array],
 ) -> jax.Array:  # [T, H]
-    gu = jnp.einsum("th,hci->tci", x, p["gate_up"]["kernel"])  # [T, 2, I]
+    gu = matmul(x, p["gate_up"]["kernel"])  # [T, 2, I]
     return dense(p["down"], act(gu[:, 0]) * gu[:, 1])
 
 
@@ -190,7 +229,7 @@ def qkv_projection(
     p: Params,  # {"kernel": [H, Hkv, G+2, D], "bias"?: [Hkv, G+2, D]}
     x: jax.Array,  # [T, H]
 ) -> tuple[jax.Array, jax.Array, jax.Array]:  # q [T, Hkv, G, D], k, v [T, Hkv, D]
-    y = jnp.einsum("th,hkgd->tkgd", x, p["kernel"])
+    y = matmul(x, p["kernel"])  # [T, Hkv, G+2, D]
     if "bias" in p:
         y = y + p["bias"]
     g = y.shape[2] - 2

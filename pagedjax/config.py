@@ -53,7 +53,7 @@ class EngineArgs:
         max_num_batched_tokens: most tokens in one step (chunked prefill budget).
         enable_prefix_caching: reuse KV pages of identical prompt prefixes.
         seed: engine seed for unseeded random sampling.
-        attention_backend: "auto", "xla", "pallas_gpu", "pallas_tpu".
+        attention_backend: "auto", "xla", "cpu_native", "pallas_gpu", "pallas_tpu".
         kv_cache_dtype: "auto" (model dtype), "int8", "fp8".
         tensor_parallel_size: devices to shard the model over.
         enforce_eager: skip compile-ahead warm-up (shapes compile on first use).
@@ -105,9 +105,9 @@ class EngineArgs:
             raise ValueError(
                 f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}"
             )
-        if self.attention_backend not in ("auto", "xla", "pallas_gpu", "pallas_tpu"):
+        if self.attention_backend not in ("auto", "xla", "cpu_native", "pallas_gpu", "pallas_tpu"):
             raise ValueError(
-                "attention_backend must be one of auto, xla, pallas_gpu, pallas_tpu, "
+                "attention_backend must be one of auto, xla, cpu_native, pallas_gpu, pallas_tpu, "
                 f"got {self.attention_backend!r}"
             )
 

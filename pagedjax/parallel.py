@@ -220,8 +220,8 @@ def shard_runner(runner, mesh: Mesh) -> None:
     """
     if runner.attn_backend != "xla":
         raise ValueError(
-            f"attention_backend={runner.attn_backend!r} under tensor parallelism: Pallas "
-            "kernels need shard_map over heads (pagedjax.parallel.sharded_attention), which "
+            f"attention_backend={runner.attn_backend!r} under tensor parallelism: the "
+            "custom kernels (Pallas, C++) need shard_map over heads (pagedjax.parallel.sharded_attention), which "
             "the models do not route through yet; use attention_backend='xla' (what 'auto' "
             "picks under TP)")
     rep = NamedSharding(mesh, P())

@@ -32,6 +32,7 @@ import numpy as np
 
 from kernels_pallas import copy_pages
 from models.base import AttentionMetadata
+from models.layers import native_matmuls
 from pagedjax import sampler as sampler_mod
 from pagedjax.sampler import RowState
 
@@ -129,14 +130,27 @@ class Runner:
         self._copy = jax.jit(self._copy_impl, donate_argnums=(0,))
 
     # ------------------------------------------------------------------ device
+    # Steps of at most this many tokens run their matmuls in the C++ kernel on the
+    # cpu_native backend (faster than XLA:CPU's GEMM up to ~16 rows; see
+    # benchmarks/step_floor.py).
+    NATIVE_MATMUL_MAX_ROWS = 16
+
+    def matmul_context(self):
+        """Context to trace the model in: routes few-row matmuls to the C++ kernel
+        on the cpu_native backend (read at trace time, see models/layers.py)."""
+        rows = self.NATIVE_MATMUL_MAX_ROWS if self.attn_backend == "cpu_native" else 0
+        return native_matmuls(rows)
+
     def _step_impl(self, params, kv_caches, batch: BatchInputs, *, prompt_k):
         """The model part of a step: forward + logits of the rows to sample."""
-        hidden, kv_caches = self.model.forward(params, kv_caches, batch.token_ids, batch.meta)
-        logits = self.model.compute_logits(params, hidden[batch.logits_index])
-        plp = None
-        if prompt_k is not None:
-            all_logits = self.model.compute_logits(params, hidden)
-            plp = sampler_mod.prompt_logprobs(all_logits, batch.prompt_next_ids, prompt_k)
+        with self.matmul_context():
+            hidden, kv_caches = self.model.forward(params, kv_caches, batch.token_ids,
+                                                   batch.meta)
+            logits = self.model.compute_logits(params, hidden[batch.logits_index])
+            plp = None
+            if prompt_k is not None:
+                all_logits = self.model.compute_logits(params, hidden)
+                plp = sampler_mod.prompt_logprobs(all_logits, batch.prompt_next_ids, prompt_k)
         return logits, plp, kv_caches
 
     @staticmethod
@@ -179,9 +193,9 @@ class Runner:
 
     def _p_buckets(self) -> list[int]:
         """Page-table widths: bucketed for the Pallas kernels (their grids depend on it),
-        always the full width for XLA (its attention loops over live pages only)."""
+        always the full width on CPU (its attention loops over live pages only)."""
         full = _pow2(self.max_pages, 4)
-        if self.attn_backend == "xla":
+        if self.attn_backend in ("xla", "cpu_native"):
             return [full]
         return [1 << i for i in range(2, full.bit_length())]
 

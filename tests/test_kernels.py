@@ -1,11 +1,12 @@
-"""Pallas kernels (Triton GPU, Mosaic TPU) against the jnp reference.
+"""Kernels (Pallas: Triton GPU, Mosaic TPU; C++: cpu_native) against the jnp reference.
 
 On CPU both kernels run in interpret mode. ``PAGEDJAX_KERNEL_NATIVE=1`` runs
 the kernel of the current platform natively (GPU: the Triton kernel with
 ``interpret=False``; TPU: the Mosaic kernel); the other one stays
 interpreted. Shapes are tiny (head_dim 16 unless head dims are the point):
 interpret mode compiles one kernel per static configuration, which is what
-the time goes into, so cases share shapes where they can.
+the time goes into, so cases share shapes where they can. The C++ kernel
+(``cpu``) runs natively wherever the tests run: it must build here.
 """
 
 from __future__ import annotations
@@ -19,12 +20,16 @@ import numpy as np
 import pytest
 
 import kernels_pallas
-from kernels_pallas import mosaic_tpu, reference, triton_gpu
+from kernels_pallas import cpu_native, mosaic_tpu, reference, triton_gpu
 from tests.test_reference import MIXED, make_case, ref_attention
 
 NATIVE = os.environ.get("PAGEDJAX_KERNEL_NATIVE") == "1"
 PLATFORM = jax.default_backend()
-KERNELS = ("gpu", "tpu")
+KERNELS = ("gpu", "tpu", "cpu")
+# The dispatcher's cpu_native backend exists on the CPU platform only.
+CPU_NATIVE = pytest.param("cpu_native", marks=pytest.mark.skipif(
+    PLATFORM != "cpu", reason="attention_backend='cpu_native' is CPU-platform only"))
+_TUNING = ("kv_splits", "block_k", "block_q", "pages_per_block")  # Pallas-only knobs
 
 # Relative L2 error allowed against the f32 reference on the same inputs.
 # f32: exact arithmetic up to summation order (native GPU uses ieee f32 dots).
@@ -40,6 +45,12 @@ def _interpret(kind: str):
 
 
 def run(kind, args, kw, **extra):
+    if kind == "cpu":  # on the CPU device even where the default platform is a GPU/TPU
+        extra = {k: v for k, v in extra.items() if k not in _TUNING}
+        cpu = jax.devices("cpu")[0]
+        args, kw = jax.device_put((args, kw), cpu)
+        with jax.default_device(cpu):
+            return cpu_native.ragged_paged_attention(*args, **kw, **extra)
     fn = triton_gpu if kind == "gpu" else mosaic_tpu
     return fn.ragged_paged_attention(*args, interpret=_interpret(kind), **kw, **extra)
 
@@ -72,6 +83,7 @@ def check(kind, args, kw, tol=TOL["f32"], **extra):
         ("gpu", {"kv_splits": 3, "block_k": 16, "block_q": 2}),
         ("tpu", {}),
         ("tpu", {"pages_per_block": 2, "block_q": 2}),
+        ("cpu", {}),
     ],
 )
 def test_mixed_batch_smollm2_heads(kind, extra):
@@ -94,6 +106,7 @@ def test_sliding_window_decode_long(kind):
     """Decode rows whose window starts past block 0 (the loop skips blocks)."""
     args, kw = make_case(31, [1] * 4, [1, 4, 37, 22], num_kv_heads=1, group=2, pages_per_seq=10)
     extra = {"kv_splits": 2, "block_k": 16} if kind == "gpu" else {"pages_per_block": 2}
+    extra = {} if kind == "cpu" else extra
     check(kind, args, kw, sliding_window=6, max_q_len=1, **extra)
 
 
@@ -136,7 +149,7 @@ def test_gpu_flash_decoding_splits_agree():
     np.testing.assert_allclose(one, many, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("backend", ["xla", "pallas_gpu", "pallas_tpu"])
+@pytest.mark.parametrize("backend", ["xla", CPU_NATIVE, "pallas_gpu", "pallas_tpu"])
 def test_dispatcher_backends(backend):
     args, kw = make_case(10, **MIXED, num_kv_heads=3, group=3)
     out = kernels_pallas.ragged_paged_attention(
@@ -248,7 +261,7 @@ def _args():
     return make_case(90, [1, 2], [3, 4], num_kv_heads=2, group=2)
 
 
-@pytest.mark.parametrize("kind", ["xla", "pallas_gpu", "pallas_tpu"])
+@pytest.mark.parametrize("kind", ["xla", CPU_NATIVE, "pallas_gpu", "pallas_tpu"])
 @pytest.mark.parametrize(
     "name,change",
     [
@@ -265,7 +278,7 @@ def test_bad_arguments_name_the_argument(kind, name, change):
         kernels_pallas.ragged_paged_attention(*change(args), sm_scale=1.0, backend=kind, **kw)
 
 
-@pytest.mark.parametrize("kind", ["pallas_gpu", "pallas_tpu"])
+@pytest.mark.parametrize("kind", [CPU_NATIVE, "pallas_gpu", "pallas_tpu"])
 def test_quantized_pages_need_scales(kind):
     args, _ = _args()
     args = (args[0], args[1].astype(jnp.int8)) + args[2:]
@@ -297,9 +310,13 @@ def test_mosaic_unsupported_sizes():
                                           interpret=False)
 
 
-@pytest.mark.parametrize("mod", [triton_gpu, mosaic_tpu], ids=["triton", "mosaic"])
+@pytest.mark.parametrize("mod", [triton_gpu, mosaic_tpu, cpu_native],
+                         ids=["triton", "mosaic", "cpu"])
 def test_bad_window_cap_and_scales(mod):
     args, kw = _args()
+    if mod is cpu_native:  # no interpret mode
+        mod = type("M", (), {"ragged_paged_attention": staticmethod(
+            lambda *a, interpret, **k: cpu_native.ragged_paged_attention(*a, **k))})
     # Window and cap must be positive; scales must be f32.
     with pytest.raises(ValueError, match="sliding_window"):
         mod.ragged_paged_attention(*args, sm_scale=1.0, sliding_window=0, interpret=True)
@@ -312,7 +329,7 @@ def test_bad_window_cap_and_scales(mod):
                                    interpret=True)
 
 
-@pytest.mark.parametrize("kind", ["xla", "pallas_gpu", "pallas_tpu"])
+@pytest.mark.parametrize("kind", ["xla", CPU_NATIVE, "pallas_gpu", "pallas_tpu"])
 def test_page_table_too_narrow(kind):
     args, kw = _args()  # page_size 4, page_table [3, 1]
     kv_lens = args[2].at[0].set(args[3].shape[1] * 4 + 1)

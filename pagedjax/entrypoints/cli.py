@@ -27,7 +27,7 @@ def add_engine_args(p: argparse.ArgumentParser, with_model: bool = True) -> None
     p.add_argument("--enable-prefix-caching", action="store_true")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--attention-backend", default=d.attention_backend,
-                   choices=["auto", "xla", "pallas_gpu", "pallas_tpu"])
+                   choices=["auto", "xla", "cpu_native", "pallas_gpu", "pallas_tpu"])
     p.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype, choices=["auto", "int8", "fp8"])
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=d.tensor_parallel_size)
     p.add_argument("--scheduling-policy", default=d.scheduling_policy, choices=["fcfs", "priority"])

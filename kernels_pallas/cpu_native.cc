@@ -1,0 +1,784 @@
+// Ragged paged attention for the CPU, called from XLA through the FFI.
+//
+// Same contract as kernels_pallas/reference.py (read it first):
+//   q [T, Hq, D] (f32 | bf16), kv_pages [N, 2, Hkv, page_size, D]
+//   (f32 | bf16 | s8 | f8e4m3fn, the last two with kv_scales [N, 2, Hkv, page_size]),
+//   kv_lens i32[S], page_table i32[S, P], cu_q_lens i32[S+1], num_seqs i32[1]
+//   -> out [T, Hq, D] (q's dtype); rows past cu_q_lens[num_seqs] are zero.
+//
+// Why a hand-written kernel: XLA:CPU runs the jnp reference's gathers and
+// small batched dots at a few GB/s and GFLOP/s, and its loop costs ~0.7 ms
+// per layer even for one decode row. Here one work item is (sequence, KV
+// head, tile of query rows): the tile's G*rows query vectors stay in L1
+// while the keys of its causal range stream past once, in chunks of up to
+// kChunk keys, each chunk folded into a running (max, sum, acc) softmax
+// (flash-attention style). Keys are read straight from the pool (a head's
+// keys of one page are one contiguous [page_size, D] block); quantized and
+// bf16 pages are widened to f32 a chunk at a time. Items run on XLA's
+// intra-op thread pool, largest first, claimed from an atomic counter.
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define PAGEDJAX_AVX2 1
+#endif
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr int kChunk = 64;     // keys per softmax fold
+constexpr int kMaxTile = 64;   // query vectors (rows x G) per work item
+constexpr float kNegInf = -1e30f;
+
+typedef float v8f __attribute__((vector_size(32)));
+
+inline v8f load8(const float* p) {
+  v8f v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof(v)); }
+inline float hsum8(v8f v) {
+  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
+inline float bf16_to_f32(uint16_t h) {
+  uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint16_t f32_to_bf16(float f) {  // round to nearest even
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+struct Fp8Table {  // float8_e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa; no inf
+  float v[256];
+  Fp8Table() {
+    for (int i = 0; i < 256; ++i) {
+      int s = i >> 7, e = (i >> 3) & 15, m = i & 7;
+      float x;
+      if (e == 15 && m == 7) x = NAN;
+      else if (e == 0) x = std::ldexp(float(m) / 8.0f, -6);
+      else x = std::ldexp(1.0f + float(m) / 8.0f, e - 7);
+      v[i] = s ? -x : x;
+    }
+  }
+};
+const Fp8Table kFp8;
+
+// exp(x) for x <= 0 (a softmax argument); 0 below -87. Polynomial for 2^f on
+// [0, 1), relative error ~2e-7. Written so the compiler vectorizes a loop of it.
+inline float exp_nonpos(float x) {
+  float t = std::max(x, -87.0f) * 1.44269504088896341f;
+  float fi = std::floor(t);
+  float f = t - fi;
+  float p = 1.8775767e-3f;
+  p = p * f + 8.9893397e-3f;
+  p = p * f + 5.5826318e-2f;
+  p = p * f + 2.4015361e-1f;
+  p = p * f + 6.9315308e-1f;
+  p = p * f + 9.9999994e-1f;
+  int32_t bits = (int32_t(fi) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return x < -87.0f ? 0.0f : p * scale;
+}
+
+enum QType { kQF32 = 0, kQBF16 = 1 };
+enum KVType { kKVF32 = 0, kKVBF16 = 1, kKVS8 = 2, kKVF8 = 3 };
+
+struct Problem {
+  const void* q;
+  int q_type;
+  const void* kv;
+  int kv_type;
+  const float* scales;  // null when not quantized
+  const int32_t* kv_lens;
+  const int32_t* page_table;
+  const int32_t* cu;
+  void* out;
+  int64_t T, Hq, Hkv, G, D, N, ps, S, P;
+  float sm_scale, soft_cap;
+  int64_t window;  // 0: none
+};
+
+struct Item {
+  int32_t seq, kh, row0, rows;
+  int64_t cost;
+};
+
+struct Scratch {
+  std::vector<float> qbuf, acc, scores, mrow, lrow, alpha, kbuf, vbuf, zero;
+  std::vector<const float*> kp, vp;
+  explicit Scratch(int64_t D)
+      : qbuf(kMaxTile * D), acc(kMaxTile * D), scores(kMaxTile * kChunk),
+        mrow(kMaxTile), lrow(kMaxTile), alpha(kMaxTile), kbuf(kChunk * D), vbuf(kChunk * D), zero(D),
+        kp(kChunk), vp(kChunk) {}
+};
+
+// Element offset of (page, kv, head, slot, 0) in the pool.
+inline int64_t pool_offset(const Problem& pr, int64_t page, int kv, int64_t h, int64_t slot) {
+  return (((page * 2 + kv) * pr.Hkv + h) * pr.ps + slot) * pr.D;
+}
+
+// Pointers to the f32 rows of keys [start, start + n) of one sequence/head
+// (a page's keys of one head are consecutive rows); widened into buf unless
+// the pool is f32 already.
+void chunk_rows(const Problem& pr, const int32_t* table, int64_t kh, int kv, int64_t start,
+                int64_t n, float* buf, const float** rows) {
+  const int64_t D = pr.D;
+  for (int64_t j = 0; j < n;) {
+    const int64_t key = start + j;
+    int64_t page = table[key / pr.ps];
+    if (page < 0 || page >= pr.N) page = 0;
+    const int64_t slot = key % pr.ps;
+    const int64_t cnt = std::min(pr.ps - slot, n - j);
+    const int64_t off = pool_offset(pr, page, kv, kh, slot);
+    if (pr.kv_type == kKVF32) {
+      const float* src = static_cast<const float*>(pr.kv) + off;
+      for (int64_t c = 0; c < cnt; ++c) rows[j + c] = src + c * D;
+    } else {
+      float* dst = buf + j * D;
+      const int64_t e = cnt * D;
+      if (pr.kv_type == kKVBF16) {
+        const uint16_t* src = static_cast<const uint16_t*>(pr.kv) + off;
+        for (int64_t i = 0; i < e; ++i) dst[i] = bf16_to_f32(src[i]);
+      } else if (pr.kv_type == kKVS8) {
+        const int8_t* src = static_cast<const int8_t*>(pr.kv) + off;
+        const float* sc = pr.scales + off / D;
+        for (int64_t i = 0; i < e; ++i) dst[i] = float(src[i]) * sc[i / D];
+      } else {
+        const uint8_t* src = static_cast<const uint8_t*>(pr.kv) + off;
+        const float* sc = pr.scales + off / D;
+        for (int64_t i = 0; i < e; ++i) dst[i] = kFp8.v[src[i]] * sc[i / D];
+      }
+      for (int64_t c = 0; c < cnt; ++c) rows[j + c] = dst + c * D;
+    }
+    j += cnt;
+  }
+}
+
+inline float dot(const float* a, const float* b, int64_t D) {
+  v8f s0 = {0, 0, 0, 0, 0, 0, 0, 0}, s1 = s0;
+  int64_t d = 0;
+  for (; d + 16 <= D; d += 16) {
+    s0 += load8(a + d) * load8(b + d);
+    s1 += load8(a + d + 8) * load8(b + d + 8);
+  }
+  if (d < D) s0 += load8(a + d) * load8(b + d);  // D % 8 == 0
+  return hsum8(s0 + s1);
+}
+
+// Scores of the tile's M query vectors against keys [start, start + n),
+// folded into the running softmax (max mrow, sum lrow, output acc).
+void fold_chunk(const Problem& pr, Scratch& w, int64_t M, int64_t pos0, int64_t start,
+                int64_t n) {
+  const int64_t D = pr.D, G = pr.G;
+  for (int64_t m = 0; m < M; ++m) {
+    const int64_t pos = pos0 + m / G;
+    // Keys this row sees in the chunk: [jlo, jhi).
+    const int64_t jhi = std::min<int64_t>(n, pos - start + 1);
+    const int64_t jlo = pr.window > 0 ? std::max<int64_t>(0, pos - pr.window + 1 - start) : 0;
+    if (jhi <= jlo) continue;
+    const float* qm = w.qbuf.data() + m * D;
+    float* sc = w.scores.data() + m * kChunk;
+    float mx = kNegInf;
+    for (int64_t j = jlo; j < jhi; ++j) {
+      float x = dot(qm, w.kp[j], D);
+      if (pr.soft_cap > 0) x = pr.soft_cap * std::tanh(x / pr.soft_cap);
+      sc[j] = x;
+      mx = std::max(mx, x);
+    }
+    const float m_new = std::max(w.mrow[m], mx);
+    const float alpha = exp_nonpos(w.mrow[m] - m_new);
+    float sum = 0.0f;
+    for (int64_t j = jlo; j < jhi; ++j) {
+      float p = exp_nonpos(sc[j] - m_new);
+      sc[j] = p;
+      sum += p;
+    }
+    w.mrow[m] = m_new;
+    w.lrow[m] = w.lrow[m] * alpha + sum;
+    float* am = w.acc.data() + m * D;
+    for (int64_t d = 0; d < D; d += 8) {
+      v8f a = load8(am + d) * alpha;
+      for (int64_t j = jlo; j < jhi; ++j) a += sc[j] * load8(w.vp[j] + d);
+      store8(am + d, a);
+    }
+  }
+}
+
+#ifdef PAGEDJAX_AVX2
+// Lane i of the result: the sum of a[i]'s lanes.
+inline __m256 hsum8x8(const __m256* a) {
+  __m256 s01 = _mm256_hadd_ps(a[0], a[1]), s23 = _mm256_hadd_ps(a[2], a[3]);
+  __m256 s45 = _mm256_hadd_ps(a[4], a[5]), s67 = _mm256_hadd_ps(a[6], a[7]);
+  __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67);
+  return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20),
+                       _mm256_permute2f128_ps(s0123, s4567, 0x31));
+}
+
+inline __m256 exp_nonpos8(__m256 x) {
+  const __m256 lim = _mm256_set1_ps(-87.0f);
+  __m256 t = _mm256_mul_ps(_mm256_max_ps(x, lim), _mm256_set1_ps(1.44269504088896341f));
+  __m256 fi = _mm256_floor_ps(t);
+  __m256 f = _mm256_sub_ps(t, fi);
+  __m256 p = _mm256_set1_ps(1.8775767e-3f);
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(8.9893397e-3f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5826318e-2f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4015361e-1f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9315308e-1f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.9999994e-1f));
+  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fi), _mm256_set1_epi32(127)), 23);
+  __m256 r = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  return _mm256_and_ps(r, _mm256_cmp_ps(x, lim, _CMP_GE_OQ));
+}
+
+// fold_chunk with AVX2: scores one query vector x 8 keys at a time (8
+// partial dot products reduced with one transpose-add), the softmax 8 keys
+// at a time, P.V four query vectors x 16 dims at a time.
+void fold_chunk_avx2(const Problem& pr, Scratch& w, int64_t M, int64_t pos0, int64_t start,
+                     int64_t n) {
+  const int64_t D = pr.D, G = pr.G;
+  const int64_t n8 = (n + 7) & ~int64_t(7);
+  for (int64_t j = n; j < n8; ++j) w.kp[j] = w.zero.data();  // padding keys: zero rows
+  int64_t jlo[kMaxTile], jhi[kMaxTile];
+  for (int64_t m = 0; m < M; ++m) {
+    const int64_t pos = pos0 + m / G;
+    jhi[m] = std::min<int64_t>(n, pos - start + 1);
+    jlo[m] = pr.window > 0 ? std::max<int64_t>(0, pos - pr.window + 1 - start) : 0;
+  }
+  const __m256 iota = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256 neg = _mm256_set1_ps(kNegInf);
+  for (int64_t m = 0; m < M; ++m) {
+    float* sc = w.scores.data() + m * kChunk;
+    if (jhi[m] <= jlo[m]) {  // nothing visible: P row 0, state unchanged
+      std::fill(sc, sc + n8, 0.0f);
+      continue;
+    }
+    const float* qm = w.qbuf.data() + m * D;
+    const int64_t jb0 = jlo[m] & ~int64_t(7);
+    for (int64_t j = jb0; j < jhi[m]; j += 8) {
+      __m256 a[8];
+      for (int k = 0; k < 8; ++k) a[k] = _mm256_setzero_ps();
+      const float* const* kp = w.kp.data() + j;
+      for (int64_t d = 0; d < D; d += 8) {
+        const __m256 qv = _mm256_loadu_ps(qm + d);
+        for (int k = 0; k < 8; ++k) a[k] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kp[k] + d), a[k]);
+      }
+      __m256 s = hsum8x8(a);
+      if (pr.soft_cap > 0) {  // rare (Gemma 2): scalar tanh
+        alignas(32) float t[8];
+        _mm256_store_ps(t, s);
+        for (int k = 0; k < 8; ++k) t[k] = pr.soft_cap * std::tanh(t[k] / pr.soft_cap);
+        s = _mm256_load_ps(t);
+      }
+      _mm256_storeu_ps(sc + j, s);
+    }
+    // Mask to [jlo, jhi), max, exp, sum.
+    const __m256 lo = _mm256_set1_ps(float(jlo[m])), hi = _mm256_set1_ps(float(jhi[m]));
+    __m256 mx = neg;
+    for (int64_t j = jb0; j < jhi[m]; j += 8) {
+      __m256 idx = _mm256_add_ps(iota, _mm256_set1_ps(float(j)));
+      __m256 ok = _mm256_and_ps(_mm256_cmp_ps(idx, lo, _CMP_GE_OQ), _mm256_cmp_ps(idx, hi, _CMP_LT_OQ));
+      mx = _mm256_max_ps(mx, _mm256_blendv_ps(neg, _mm256_loadu_ps(sc + j), ok));
+    }
+    alignas(32) float t[8];
+    _mm256_store_ps(t, mx);
+    float mxs = t[0];
+    for (int k = 1; k < 8; ++k) mxs = std::max(mxs, t[k]);
+    const float m_new = std::max(w.mrow[m], mxs);
+    const float alpha = exp_nonpos(w.mrow[m] - m_new);
+    const __m256 mn = _mm256_set1_ps(m_new);
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n8; j += 8) {
+      __m256 idx = _mm256_add_ps(iota, _mm256_set1_ps(float(j)));
+      __m256 ok = _mm256_and_ps(_mm256_cmp_ps(idx, lo, _CMP_GE_OQ), _mm256_cmp_ps(idx, hi, _CMP_LT_OQ));
+      __m256 p = _mm256_setzero_ps();
+      if (j + 8 > jb0 && j < jhi[m])
+        p = _mm256_and_ps(exp_nonpos8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), mn)), ok);
+      sum = _mm256_add_ps(sum, p);
+      _mm256_storeu_ps(sc + j, p);
+    }
+    _mm256_store_ps(t, sum);
+    w.mrow[m] = m_new;
+    w.lrow[m] = w.lrow[m] * alpha + (((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7])));
+    w.alpha[m] = alpha;
+  }
+  // acc = acc * alpha + P.V, four query vectors x 16 dims per register block.
+  for (int64_t m0 = 0; m0 < M; m0 += 4) {
+    const int64_t mb = std::min<int64_t>(4, M - m0);
+    int64_t j0 = n, j1 = 0;  // keys any of these rows sees
+    for (int64_t r = 0; r < mb; ++r) {
+      if (jhi[m0 + r] <= jlo[m0 + r]) continue;
+      j0 = std::min(j0, jlo[m0 + r]);
+      j1 = std::max(j1, jhi[m0 + r]);
+    }
+    for (int64_t d = 0; d < D; d += 16) {
+      const bool two = d + 16 <= D;  // D % 8 == 0: the last block may be 8 wide
+      __m256 a0[4], a1[4];
+      for (int64_t r = 0; r < mb; ++r) {
+        float* am = w.acc.data() + (m0 + r) * D + d;
+        const __m256 al = _mm256_set1_ps(jhi[m0 + r] > jlo[m0 + r] ? w.alpha[m0 + r] : 1.0f);
+        a0[r] = _mm256_mul_ps(_mm256_loadu_ps(am), al);
+        a1[r] = two ? _mm256_mul_ps(_mm256_loadu_ps(am + 8), al) : _mm256_setzero_ps();
+      }
+      const float* sc = w.scores.data() + m0 * kChunk;
+      if (mb == 4 && two) {
+        for (int64_t j = j0; j < j1; ++j) {
+          const __m256 v0 = _mm256_loadu_ps(w.vp[j] + d), v1 = _mm256_loadu_ps(w.vp[j] + d + 8);
+          for (int r = 0; r < 4; ++r) {
+            const __m256 p = _mm256_broadcast_ss(sc + r * kChunk + j);
+            a0[r] = _mm256_fmadd_ps(p, v0, a0[r]);
+            a1[r] = _mm256_fmadd_ps(p, v1, a1[r]);
+          }
+        }
+      } else {
+        for (int64_t j = j0; j < j1; ++j) {
+          const __m256 v0 = _mm256_loadu_ps(w.vp[j] + d);
+          const __m256 v1 = two ? _mm256_loadu_ps(w.vp[j] + d + 8) : _mm256_setzero_ps();
+          for (int64_t r = 0; r < mb; ++r) {
+            const __m256 p = _mm256_broadcast_ss(sc + r * kChunk + j);
+            a0[r] = _mm256_fmadd_ps(p, v0, a0[r]);
+            a1[r] = _mm256_fmadd_ps(p, v1, a1[r]);
+          }
+        }
+      }
+      for (int64_t r = 0; r < mb; ++r) {
+        float* am = w.acc.data() + (m0 + r) * D + d;
+        _mm256_storeu_ps(am, a0[r]);
+        if (two) _mm256_storeu_ps(am + 8, a1[r]);
+      }
+    }
+  }
+}
+#endif
+
+void run_item(const Problem& pr, const Item& it, Scratch& w) {
+  const int64_t D = pr.D, G = pr.G, s = it.seq;
+  const int64_t M = int64_t(it.rows) * G;
+  const int32_t* table = pr.page_table + s * pr.P;
+  const int64_t q_len = pr.cu[s + 1] - pr.cu[s];
+  const int64_t pos0 = pr.kv_lens[s] - q_len + (it.row0 - pr.cu[s]);  // first row's position
+  const int64_t hi = std::min<int64_t>(pos0 + it.rows, pr.P * pr.ps);
+  const int64_t lo = pr.window > 0 ? std::max<int64_t>(0, pos0 - pr.window + 1) : 0;
+
+  // The tile's query vectors, m = row * G + g (the q heads of KV head kh are
+  // consecutive), scaled by sm_scale.
+  for (int64_t i = 0; i < it.rows; ++i) {
+    int64_t base = ((it.row0 + i) * pr.Hq + it.kh * G) * D;
+    float* dst = w.qbuf.data() + i * G * D;
+    if (pr.q_type == kQF32) {
+      const float* src = static_cast<const float*>(pr.q) + base;
+      for (int64_t e = 0; e < G * D; ++e) dst[e] = src[e] * pr.sm_scale;
+    } else {
+      const uint16_t* src = static_cast<const uint16_t*>(pr.q) + base;
+      for (int64_t e = 0; e < G * D; ++e) dst[e] = bf16_to_f32(src[e]) * pr.sm_scale;
+    }
+  }
+  std::fill(w.acc.begin(), w.acc.begin() + M * D, 0.0f);
+  std::fill(w.mrow.begin(), w.mrow.begin() + M, kNegInf);
+  std::fill(w.lrow.begin(), w.lrow.begin() + M, 0.0f);
+
+  for (int64_t start = lo; start < hi; start += kChunk) {
+    const int64_t n = std::min<int64_t>(kChunk, hi - start);
+    chunk_rows(pr, table, it.kh, 0, start, n, w.kbuf.data(), w.kp.data());
+    chunk_rows(pr, table, it.kh, 1, start, n, w.vbuf.data(), w.vp.data());
+#ifdef PAGEDJAX_AVX2
+    fold_chunk_avx2(pr, w, M, pos0, start, n);
+#else
+    fold_chunk(pr, w, M, pos0, start, n);
+#endif
+  }
+
+  for (int64_t i = 0; i < it.rows; ++i) {
+    int64_t base = ((it.row0 + i) * pr.Hq + it.kh * G) * D;
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t m = i * G + g;
+      const float l = w.lrow[m];
+      const float inv = l > 0 ? 1.0f / l : 0.0f;
+      const float* am = w.acc.data() + m * D;
+      if (pr.q_type == kQF32) {
+        float* dst = static_cast<float*>(pr.out) + base + g * D;
+        for (int64_t d = 0; d < D; ++d) dst[d] = am[d] * inv;
+      } else {
+        uint16_t* dst = static_cast<uint16_t*>(pr.out) + base + g * D;
+        for (int64_t d = 0; d < D; ++d) dst[d] = f32_to_bf16(am[d] * inv);
+      }
+    }
+  }
+}
+
+struct Work {
+  Problem pr;
+  std::vector<Item> items;
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
+
+  void run() {
+    std::unique_ptr<Scratch> w;
+    for (;;) {
+      int64_t i = next.fetch_add(1, std::memory_order_relaxed);
+      if (i >= int64_t(items.size())) return;
+      if (!w) w = std::make_unique<Scratch>(pr.D);
+      run_item(pr, items[i], *w);
+      done.fetch_add(1, std::memory_order_release);
+    }
+  }
+};
+
+int qtype_of(ffi::DataType t) {
+  if (t == ffi::DataType::F32) return kQF32;
+  if (t == ffi::DataType::BF16) return kQBF16;
+  return -1;
+}
+int kvtype_of(ffi::DataType t) {
+  if (t == ffi::DataType::F32) return kKVF32;
+  if (t == ffi::DataType::BF16) return kKVBF16;
+  if (t == ffi::DataType::S8) return kKVS8;
+  if (t == ffi::DataType::F8E4M3FN) return kKVF8;
+  return -1;
+}
+
+ffi::Error Impl(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer kv_pages,
+                ffi::Buffer<ffi::F32> kv_scales, ffi::Buffer<ffi::S32> kv_lens,
+                ffi::Buffer<ffi::S32> page_table, ffi::Buffer<ffi::S32> cu_q_lens,
+                ffi::Buffer<ffi::S32> num_seqs, ffi::Result<ffi::AnyBuffer> out, float sm_scale,
+                int32_t sliding_window, float soft_cap, int32_t has_scales) {
+  auto qd = q.dimensions();
+  auto kd = kv_pages.dimensions();
+  if (qd.size() != 3 || kd.size() != 5 || kd[1] != 2 || kd[4] != qd[2] || qd[2] % 8 ||
+      qd[1] % kd[2])
+    return ffi::Error::InvalidArgument("cpu_native attention: unsupported shapes");
+  Problem pr;
+  pr.q_type = qtype_of(q.element_type());
+  pr.kv_type = kvtype_of(kv_pages.element_type());
+  if (pr.q_type < 0 || pr.kv_type < 0 || out->element_type() != q.element_type())
+    return ffi::Error::InvalidArgument("cpu_native attention: unsupported dtypes");
+  if ((pr.kv_type >= kKVS8) != (has_scales != 0))
+    return ffi::Error::InvalidArgument("cpu_native attention: kv_scales must come with s8/f8 pages");
+  pr.T = qd[0];
+  pr.Hq = qd[1];
+  pr.D = qd[2];
+  pr.N = kd[0];
+  pr.Hkv = kd[2];
+  pr.ps = kd[3];
+  pr.G = pr.Hq / pr.Hkv;
+  pr.S = kv_lens.dimensions()[0];
+  pr.P = page_table.dimensions()[1];
+  pr.q = q.untyped_data();
+  pr.kv = kv_pages.untyped_data();
+  pr.scales = has_scales ? kv_scales.typed_data() : nullptr;
+  pr.kv_lens = kv_lens.typed_data();
+  pr.page_table = page_table.typed_data();
+  pr.cu = cu_q_lens.typed_data();
+  pr.out = out->untyped_data();
+  pr.sm_scale = sm_scale;
+  pr.soft_cap = soft_cap;
+  pr.window = sliding_window;
+
+  const int64_t ns = std::clamp<int64_t>(num_seqs.typed_data()[0], 0, pr.S);
+  const int64_t elt = q.element_type() == ffi::DataType::F32 ? 4 : 2;
+  // Rows no valid sequence owns are zero.
+  const int64_t t_valid = std::clamp<int64_t>(ns > 0 ? pr.cu[ns] : 0, 0, pr.T);
+  std::memset(static_cast<char*>(pr.out) + t_valid * pr.Hq * pr.D * elt, 0,
+              (pr.T - t_valid) * pr.Hq * pr.D * elt);
+
+  auto work = std::make_shared<Work>();
+  work->pr = pr;
+  const int64_t rows_per_tile = std::max<int64_t>(1, kMaxTile / pr.G);
+  for (int64_t s = 0; s < ns; ++s) {
+    const int64_t r0 = std::clamp<int64_t>(pr.cu[s], 0, t_valid);
+    const int64_t r1 = std::clamp<int64_t>(pr.cu[s + 1], r0, t_valid);
+    const int64_t q_len = r1 - r0;
+    if (q_len <= 0) continue;
+    const int64_t kv_len = pr.kv_lens[s];
+    if (kv_len < q_len) {  // malformed: leave the rows zero
+      std::memset(static_cast<char*>(pr.out) + r0 * pr.Hq * pr.D * elt, 0,
+                  q_len * pr.Hq * pr.D * elt);
+      continue;
+    }
+    for (int64_t r = r0; r < r1; r += rows_per_tile) {
+      const int64_t rows = std::min(rows_per_tile, r1 - r);
+      const int64_t last = kv_len - q_len + (r - r0) + rows;
+      const int64_t first = pr.window > 0 ? std::max<int64_t>(0, last - rows - pr.window + 1) : 0;
+      for (int64_t h = 0; h < pr.Hkv; ++h)
+        work->items.push_back(Item{int32_t(s), int32_t(h), int32_t(r), int32_t(rows),
+                                   (last - first) * rows});
+    }
+  }
+  std::stable_sort(work->items.begin(), work->items.end(),
+                   [](const Item& a, const Item& b) { return a.cost > b.cost; });
+  const int64_t n_items = int64_t(work->items.size());
+  int64_t total_cost = 0;
+  for (const Item& it : work->items) total_cost += it.cost;
+  // Helpers only when there is enough work to pay for waking a thread.
+  int64_t helpers = std::min<int64_t>(pool.num_threads(), n_items) - 1;
+  if (total_cost * pr.G * pr.D < (1 << 16)) helpers = 0;
+  for (int64_t k = 0; k < helpers; ++k) pool.Schedule([work] { work->run(); });
+  work->run();
+  // Every unfinished item is held by a running helper; wait for those.
+  while (work->done.load(std::memory_order_acquire) < n_items) std::this_thread::yield();
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ matmul
+// y[M, N] = x[M, K] @ w, f32, for the few-row matmuls of decode steps, where
+// XLA:CPU's GEMM runs far below both the FLOP and the memory-bandwidth
+// limits. Every weight element is read from memory once per call: w [K, N]
+// is split along K into one contiguous part per thread (partial sums added
+// at the end), each streamed kKC rows at a time, 6 rows x 16 columns per
+// register tile;
+// w [N, K] (the tied-embedding logits) is read 4 rows at a time into L1 and
+// dotted with 2 rows of x at a time.
+
+namespace {
+
+constexpr int64_t kNB = 64;    // w rows per task (w [N, K])
+constexpr int64_t kMG = 8;    // x rows per pass over w (w [K, N])
+constexpr int64_t kKC = 8;     // w rows per pass (w [K, N])
+
+struct MatmulWork {
+  const float* x;
+  const float* w;
+  float* y;
+  int64_t M, K, N;
+  bool transposed;
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
+  int64_t n_tasks;
+  int64_t parts = 1;              // w [K, N]: K split into this many contiguous parts
+  std::vector<float> partial;     // parts 1.. write here; part 0 writes y
+  void run();
+};
+
+#ifdef PAGEDJAX_AVX2
+template <int MR>
+inline void tile_nn(const float* x, int64_t K, const float* w, int64_t N, float* y, int64_t kc,
+                    bool first) {
+  __m256 c0[MR], c1[MR];
+  for (int r = 0; r < MR; ++r) {
+    c0[r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + r * N);
+    c1[r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + r * N + 8);
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m256 b0 = _mm256_loadu_ps(w + k * N), b1 = _mm256_loadu_ps(w + k * N + 8);
+    for (int r = 0; r < MR; ++r) {
+      const __m256 a = _mm256_broadcast_ss(x + r * K + k);
+      c0[r] = _mm256_fmadd_ps(a, b0, c0[r]);
+      c1[r] = _mm256_fmadd_ps(a, b1, c1[r]);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    _mm256_storeu_ps(y + r * N, c0[r]);
+    _mm256_storeu_ps(y + r * N + 8, c1[r]);
+  }
+}
+
+#endif
+
+// Rows [k0, k1) of w [K, N] into out [M, N] = x[:, k0:k1] @ w[k0:k1]. The rows
+// are one contiguous stretch of memory, read kKC rows at a time left to
+// right: kKC concurrent sequential streams, which the hardware prefetchers
+// follow (a column block of w would jump a page per row).
+void part_nn(const MatmulWork& mw, int64_t k0, int64_t k1, float* out) {
+  const int64_t M = mw.M, K = mw.K, N = mw.N;
+  int64_t n16 = 0;
+#ifdef PAGEDJAX_AVX2
+  n16 = N & ~int64_t(15);
+  // Rows of x in groups of kMG, one pass over w each: the group's outputs
+  // (kMG x N) stay in L2 across the pass.
+  for (int64_t g0 = 0; g0 < M; g0 += kMG)
+  for (int64_t kb = k0; kb < k1; kb += kKC) {
+    const int64_t kc = std::min(kKC, k1 - kb);
+    const bool first = kb == k0;
+    const int64_t g1 = std::min(M, g0 + kMG);
+    for (int64_t j = 0; j < n16; j += 16) {
+      for (int64_t m0 = g0; m0 < g1; m0 += 6) {
+        const float* x = mw.x + m0 * K + kb;
+        const float* w = mw.w + kb * N + j;
+        float* y = out + m0 * N + j;
+        switch (std::min<int64_t>(6, g1 - m0)) {
+          case 6: tile_nn<6>(x, K, w, N, y, kc, first); break;
+          case 5: tile_nn<5>(x, K, w, N, y, kc, first); break;
+          case 4: tile_nn<4>(x, K, w, N, y, kc, first); break;
+          case 3: tile_nn<3>(x, K, w, N, y, kc, first); break;
+          case 2: tile_nn<2>(x, K, w, N, y, kc, first); break;
+          default: tile_nn<1>(x, K, w, N, y, kc, first); break;
+        }
+      }
+    }
+  }
+#endif
+  if (n16 == N) return;
+  for (int64_t m = 0; m < M; ++m) {  // columns past the last 16-wide strip
+    float* y = out + m * N;
+    for (int64_t n = n16; n < N; ++n) y[n] = 0.0f;
+    for (int64_t k = k0; k < k1; ++k) {
+      const float a = mw.x[m * K + k];
+      const float* w = mw.w + k * N;
+      for (int64_t n = n16; n < N; ++n) y[n] += a * w[n];
+    }
+  }
+}
+
+// Rows [n0, n1) of w [N, K]: y[:, n0:n1] = x @ w[n0:n1]^T.
+void block_nt(const MatmulWork& mw, int64_t n0, int64_t n1) {
+  const int64_t M = mw.M, K = mw.K, N = mw.N;
+  int64_t n4 = n0;
+#ifdef PAGEDJAX_AVX2
+  if (K % 8 == 0) {
+    for (; n4 + 4 <= n1; n4 += 4) {
+      const float* w0 = mw.w + n4 * K;
+      const float* w1 = w0 + K;
+      const float* w2 = w1 + K;
+      const float* w3 = w2 + K;
+      int64_t m = 0;
+      for (; m + 2 <= M; m += 2) {
+        const float* xa = mw.x + m * K;
+        const float* xb = xa + K;
+        __m256 a[8];
+        for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_ps();
+        for (int64_t k = 0; k < K; k += 8) {
+          const __m256 u = _mm256_loadu_ps(xa + k), v = _mm256_loadu_ps(xb + k);
+          const __m256 b0 = _mm256_loadu_ps(w0 + k), b1 = _mm256_loadu_ps(w1 + k);
+          const __m256 b2 = _mm256_loadu_ps(w2 + k), b3 = _mm256_loadu_ps(w3 + k);
+          a[0] = _mm256_fmadd_ps(u, b0, a[0]);
+          a[1] = _mm256_fmadd_ps(u, b1, a[1]);
+          a[2] = _mm256_fmadd_ps(u, b2, a[2]);
+          a[3] = _mm256_fmadd_ps(u, b3, a[3]);
+          a[4] = _mm256_fmadd_ps(v, b0, a[4]);
+          a[5] = _mm256_fmadd_ps(v, b1, a[5]);
+          a[6] = _mm256_fmadd_ps(v, b2, a[6]);
+          a[7] = _mm256_fmadd_ps(v, b3, a[7]);
+        }
+        const __m256 s = hsum8x8(a);
+        _mm_storeu_ps(mw.y + m * N + n4, _mm256_castps256_ps128(s));
+        _mm_storeu_ps(mw.y + (m + 1) * N + n4, _mm256_extractf128_ps(s, 1));
+      }
+      if (m < M) {
+        const float* xa = mw.x + m * K;
+        __m256 a[8];
+        for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_ps();
+        for (int64_t k = 0; k < K; k += 8) {
+          const __m256 u = _mm256_loadu_ps(xa + k);
+          a[0] = _mm256_fmadd_ps(u, _mm256_loadu_ps(w0 + k), a[0]);
+          a[1] = _mm256_fmadd_ps(u, _mm256_loadu_ps(w1 + k), a[1]);
+          a[2] = _mm256_fmadd_ps(u, _mm256_loadu_ps(w2 + k), a[2]);
+          a[3] = _mm256_fmadd_ps(u, _mm256_loadu_ps(w3 + k), a[3]);
+        }
+        _mm_storeu_ps(mw.y + m * N + n4, _mm256_castps256_ps128(hsum8x8(a)));
+      }
+    }
+  }
+#endif
+  for (int64_t n = n4; n < n1; ++n)  // rows past the last group of 4
+    for (int64_t m = 0; m < M; ++m) {
+      float acc = 0.0f;
+      for (int64_t k = 0; k < K; ++k) acc += mw.x[m * K + k] * mw.w[n * K + k];
+      mw.y[m * N + n] = acc;
+    }
+}
+
+void MatmulWork::run() {
+  for (;;) {
+    const int64_t t = next.fetch_add(1, std::memory_order_relaxed);
+    if (t >= n_tasks) return;
+    if (transposed) {
+      block_nt(*this, t * kNB, std::min(N, (t + 1) * kNB));
+    } else {
+      const int64_t per = (K + parts - 1) / parts;
+      float* out = t == 0 ? y : partial.data() + (t - 1) * M * N;
+      part_nn(*this, t * per, std::min(K, (t + 1) * per), out);
+    }
+    done.fetch_add(1, std::memory_order_release);
+  }
+}
+
+ffi::Error MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
+                      ffi::Result<ffi::Buffer<ffi::F32>> y, int32_t transposed) {
+  auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
+  if (xd.size() != 2 || wd.size() != 2 || yd.size() != 2)
+    return ffi::Error::InvalidArgument("cpu_native matmul: expected 2-d operands");
+  const int64_t M = xd[0], K = xd[1];
+  const int64_t N = transposed ? wd[0] : wd[1];
+  if ((transposed ? wd[1] : wd[0]) != K || yd[0] != M || yd[1] != N)
+    return ffi::Error::InvalidArgument("cpu_native matmul: shapes do not match");
+  auto work = std::make_shared<MatmulWork>();
+  work->x = x.typed_data();
+  work->w = w.typed_data();
+  work->y = y->typed_data();
+  work->M = M;
+  work->K = K;
+  work->N = N;
+  work->transposed = transposed != 0;
+  if (M == 0 || N == 0) return ffi::Error::Success();
+  if (work->transposed) {
+    work->n_tasks = (N + kNB - 1) / kNB;
+  } else {
+    // The split depends on K and the pool only (never on M), so a row's sum
+    // runs in the same order whatever else is in the batch.
+    work->parts = std::clamp<int64_t>(pool.num_threads(), 1, std::max<int64_t>(1, K / 128));
+    work->n_tasks = work->parts;
+    work->partial.assign((work->parts - 1) * M * N, 0.0f);
+  }
+  if (K == 0) {
+    std::memset(work->y, 0, sizeof(float) * M * N);
+    return ffi::Error::Success();
+  }
+  int64_t helpers = std::min<int64_t>(pool.num_threads(), work->n_tasks) - 1;
+  if (M * K * N < (1 << 16)) helpers = 0;
+  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([work] { work->run(); });
+  work->run();
+  while (work->done.load(std::memory_order_acquire) < work->n_tasks) std::this_thread::yield();
+  float* yp = work->y;
+  for (int64_t p = 1; p < work->parts; ++p) {
+    const float* src = work->partial.data() + (p - 1) * M * N;
+    for (int64_t i = 0; i < M * N; ++i) yp[i] += src[i];
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PagedjaxMatmul, MatmulImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int32_t>("transposed"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PagedjaxRaggedPagedAttention, Impl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<float>("sm_scale")
+                                  .Attr<int32_t>("sliding_window")
+                                  .Attr<float>("soft_cap")
+                                  .Attr<int32_t>("has_scales"));

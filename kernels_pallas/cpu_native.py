@@ -1,0 +1,187 @@
+"""Ragged paged attention as a C++ kernel for the CPU, called through XLA's FFI.
+
+The source (``cpu_native.cc``, next to this file) is compiled on first use
+with the system C++ compiler (``$CXX``, else ``g++``/``c++``/``clang++``)
+against the FFI headers jaxlib ships, and the shared library is cached under
+``$PAGEDJAX_CACHE_DIR`` (default ``~/.cache/pagedjax``), keyed by the source,
+the compiler, the flags, the jaxlib version and the CPU. A build takes a few
+seconds once per machine. Without a compiler, ``available()`` is False and
+``attention_backend="auto"`` keeps the XLA (pure jnp) path; set
+``PAGEDJAX_CPU_NATIVE=0`` to force that.
+
+Same contract and results as ``reference.ragged_paged_attention``; q in
+float32 or bfloat16, pages in float32, bfloat16, int8 or float8_e4m3fn (with
+scales), head_dim a multiple of 8. Other cases run the reference.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kernels_pallas import reference
+
+TARGET = "pagedjax_ragged_paged_attention"
+MATMUL_TARGET = "pagedjax_matmul"
+SOURCE = Path(__file__).with_name("cpu_native.cc")
+_Q_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
+_KV_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.int8),
+              jnp.dtype(jnp.float8_e4m3fn))
+
+_lock = threading.Lock()
+_state: dict = {}  # "lib": the loaded library, "error": why there is none
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("PAGEDJAX_CACHE_DIR") or Path.home() / ".cache" / "pagedjax")
+
+
+def _compiler() -> str | None:
+    for c in (os.environ.get("CXX"), "g++", "c++", "clang++"):
+        if c and shutil.which(c):
+            return shutil.which(c)
+    return None
+
+
+def _cpu_tag() -> str:
+    """What -march=native depends on: the CPU model and flags."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        lines = [ln for ln in text.splitlines()
+                 if ln.startswith(("model name", "flags", "Features", "CPU part"))]
+        return "\n".join(sorted(set(lines)))
+    except OSError:
+        return platform.processor()
+
+
+def build(verbose: bool = False) -> Path:
+    """Compile the kernel (or find it in the cache); returns the shared library's path.
+
+    Raises RuntimeError with the compiler's message when it cannot be built.
+    """
+    cxx = _compiler()
+    if cxx is None:
+        raise RuntimeError("no C++ compiler found (set $CXX or install g++)")
+    include = jax.ffi.include_dir()
+    src = SOURCE.read_bytes()
+    flag_sets = [["-O3", "-march=native"], ["-O3"]]
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
+    out_dir = cache_dir() / "native"
+    errors = []
+    for flags in flag_sets:
+        args = [*flags, "-std=c++17", "-shared", "-fPIC", f"-I{include}"]
+        key = hashlib.sha256(b"\0".join([
+            src, " ".join(args).encode(), version.encode(), jax.__version__.encode(),
+            platform.machine().encode(), _cpu_tag().encode()])).hexdigest()[:20]
+        so = out_dir / f"paged_attention_{key}.so"
+        if so.exists():
+            return so
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+            tmp_so = Path(tmp) / so.name
+            cmd = [cxx, *args, str(SOURCE), "-o", str(tmp_so)]
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if verbose:
+                print(" ".join(cmd), r.stderr, sep="\n")
+            if r.returncode == 0:
+                os.replace(tmp_so, so)  # atomic: concurrent builders agree
+                return so
+            errors.append(f"$ {' '.join(cmd)}\n{r.stderr[-2000:]}")
+    raise RuntimeError("building the CPU attention kernel failed:\n" + "\n".join(errors))
+
+
+def _load():
+    with _lock:
+        if "lib" in _state or "error" in _state:
+            return _state.get("lib")
+        if os.environ.get("PAGEDJAX_CPU_NATIVE", "1") == "0":
+            _state["error"] = "disabled by PAGEDJAX_CPU_NATIVE=0"
+            return None
+        try:
+            lib = ctypes.cdll.LoadLibrary(str(build()))
+            jax.ffi.register_ffi_target(
+                TARGET, jax.ffi.pycapsule(lib.PagedjaxRaggedPagedAttention), platform="cpu")
+            jax.ffi.register_ffi_target(
+                MATMUL_TARGET, jax.ffi.pycapsule(lib.PagedjaxMatmul), platform="cpu")
+        except (RuntimeError, OSError, AttributeError) as e:
+            _state["error"] = str(e)
+            return None
+        _state["lib"] = lib
+        return lib
+
+
+def available() -> bool:
+    """True when the kernel is built (or was built now) and registered with XLA."""
+    return _load() is not None
+
+
+def unavailable_reason() -> str | None:
+    _load()
+    return _state.get("error")
+
+
+def supports(q_dtype, kv_dtype, head_dim: int) -> bool:
+    return (jnp.dtype(q_dtype) in _Q_DTYPES and jnp.dtype(kv_dtype) in _KV_DTYPES
+            and head_dim % 8 == 0)
+
+
+def ragged_paged_attention(
+    q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, *, sm_scale: float,
+    sliding_window: int | None = None, soft_cap: float | None = None, kv_scales=None,
+    max_q_len: int | None = None,
+):
+    """See ``reference.py`` for the contract."""
+    reference.check_args(q, kv_pages, kv_lens, page_table, cu_q_lens, kv_scales)
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"sliding_window: expected a positive int or None, got {sliding_window}")
+    if soft_cap is not None and not soft_cap > 0:
+        raise ValueError(f"soft_cap: expected a positive float or None, got {soft_cap}")
+    if kv_scales is not None and jnp.dtype(kv_scales.dtype) != jnp.dtype(jnp.float32):
+        raise ValueError(f"kv_scales: expected float32, got {kv_scales.dtype}")
+    if not supports(q.dtype, kv_pages.dtype, q.shape[-1]):
+        return reference.ragged_paged_attention(
+            q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, sm_scale=sm_scale,
+            sliding_window=sliding_window, soft_cap=soft_cap, kv_scales=kv_scales,
+            max_q_len=max_q_len)
+    if not available():
+        raise RuntimeError(f"attention_backend='cpu_native' is unavailable: "
+                           f"{unavailable_reason()}; use attention_backend='xla'")
+    i32 = jnp.int32
+    scales = kv_scales if kv_scales is not None else jnp.zeros((1,), jnp.float32)
+    call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(q.shape, q.dtype),
+                            vmap_method="sequential")
+    return call(q, kv_pages, scales, kv_lens.astype(i32),
+                page_table.astype(i32), cu_q_lens.astype(i32),
+                jnp.reshape(num_seqs, (1,)).astype(i32),
+                sm_scale=np.float32(sm_scale), sliding_window=np.int32(sliding_window or 0),
+                soft_cap=np.float32(soft_cap or 0.0), has_scales=np.int32(kv_scales is not None))
+
+
+def matmul(x: jax.Array, w: jax.Array, *, transposed: bool = False) -> jax.Array:
+    """``x [M, K] @ w [K, N]`` (``transposed``: ``x @ w[N, K].T``), float32.
+
+    For the few-row matmuls of decode steps (see cpu_native.cc); other dtypes
+    and ranks go to ``jnp``.
+    """
+    f32 = jnp.dtype(jnp.float32)
+    if x.ndim != 2 or w.ndim != 2 or x.dtype != f32 or w.dtype != f32 or not available():
+        return x @ (w.T if transposed else w)
+    k = w.shape[1] if transposed else w.shape[0]
+    if x.shape[1] != k:
+        raise ValueError(f"matmul: x {x.shape} and w {w.shape} (transposed={transposed}) "
+                         "do not match")
+    n = w.shape[0] if transposed else w.shape[1]
+    call = jax.ffi.ffi_call(MATMUL_TARGET, jax.ShapeDtypeStruct((x.shape[0], n), f32),
+                            vmap_method="sequential")
+    return call(x, w, transposed=np.int32(transposed))

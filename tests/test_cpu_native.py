@@ -1,0 +1,161 @@
+"""The C++ CPU attention kernel (kernels_pallas/cpu_native.py): build, fallbacks,
+random ragged batches against the naive loop, batch invariance.
+
+test_kernels.py runs it through the shared kernel cases (dtypes, head dims,
+windows, page sizes, bad arguments) as kind ``cpu``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kernels_pallas import cpu_native, reference
+from tests.test_reference import make_case
+
+pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu",
+                                reason="cpu_native runs on the CPU platform")
+
+attend = jax.jit(cpu_native.ragged_paged_attention,
+                 static_argnames=("sm_scale", "sliding_window", "soft_cap", "max_q_len"))
+
+
+def test_builds_here_and_caches():
+    assert cpu_native.available(), cpu_native.unavailable_reason()
+    first = cpu_native.build()
+    assert first.exists() and first.parent.parent == cpu_native.cache_dir()
+    assert cpu_native.build() == first  # second call: the cached library
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seqs=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 150)), min_size=1, max_size=4),
+    group=st.sampled_from([1, 3, 8]),
+    page_size=st.sampled_from([4, 16]),
+    window=st.sampled_from([None, 1, 7, 70]),
+    seed=st.integers(0, 2**16),
+)
+def test_random_ragged_batches_match_naive(seqs, group, page_size, window, seed):
+    """Prompt chunks longer than a tile (64 / group rows), contexts over several
+    64-key chunks, windows that start mid-chunk, empty sequences."""
+    q_lens = [min(q, k) for q, k in seqs]
+    kv_lens = [k for _, k in seqs]
+    args, kw = make_case(seed, q_lens, kv_lens, num_kv_heads=2, group=group, head_dim=16,
+                         page_size=page_size)
+    out = attend(*args, sm_scale=0.3, sliding_window=window, **kw)
+    ref = reference.naive_paged_attention(*args, sm_scale=0.3, sliding_window=window, **kw)
+    out = np.asarray(out)
+    assert not np.isnan(out).any()
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-6)
+    t_valid = int(args[4][int(args[5][0])])
+    assert np.all(out[t_valid:] == 0)
+
+
+def test_a_sequence_gets_the_same_bits_alone_and_in_a_batch():
+    """Each (sequence, head, tile) is one work item done by one thread in a fixed
+    order, so batch composition and thread timing cannot change a row's value
+    (what seeded sampling's batch invariance relies on)."""
+    args, kw = make_case(5, [1, 30, 1, 1], [90, 130, 7, 200], num_kv_heads=3, group=3,
+                         head_dim=64, page_size=16)
+    q, kv, lens, table, cu, _ = args
+    full = np.asarray(attend(*args, sm_scale=0.125, **kw))
+    again = np.asarray(attend(*args, sm_scale=0.125, **kw))
+    np.testing.assert_array_equal(full, again)
+    # Sequence 1 alone (its 30 rows).
+    alone_args = (q[1:31], kv, lens[1:2], table[1:2], jnp.asarray([0, 30], jnp.int32),
+                  jnp.asarray([1], jnp.int32))
+    alone = np.asarray(attend(*alone_args, sm_scale=0.125, **kw))
+    np.testing.assert_array_equal(alone, full[1:31])
+
+
+def test_unsupported_dtypes_and_head_dims_fall_back_to_the_reference():
+    args, kw = make_case(7, [1, 3], [5, 9], num_kv_heads=2, group=2, head_dim=12)
+    out = attend(*args, sm_scale=0.3, **kw)  # head_dim 12: not a multiple of 8
+    ref = reference.naive_paged_attention(*args, sm_scale=0.3, **kw)
+    np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-5, atol=1e-6)
+    args, kw = make_case(7, [1, 3], [5, 9], num_kv_heads=2, group=2, q_dtype=jnp.float16)
+    out = attend(*args, sm_scale=0.3, **kw)
+    assert out.dtype == jnp.float16
+    ref = reference.naive_paged_attention(*args, sm_scale=0.3, **kw)
+    np.testing.assert_allclose(np.asarray(out, np.float32), ref, rtol=2e-2, atol=2e-3)
+
+
+def _fresh_python(code: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu", **env}, timeout=300)
+
+
+def test_without_the_kernel_auto_picks_xla_and_explicit_names_the_reason(tmp_path):
+    code = (
+        "import kernels_pallas as k\n"
+        "print('auto', k.resolve_backend('auto'))\n"
+        "try:\n"
+        "    k.resolve_backend('cpu_native')\n"
+        "except ValueError as e:\n"
+        "    print('error', e)\n"
+    )
+    r = _fresh_python(code, PAGEDJAX_CPU_NATIVE="0")
+    assert r.returncode == 0, r.stderr
+    assert "auto xla" in r.stdout
+    assert "error attention_backend='cpu_native' is unavailable" in r.stdout
+    assert "PAGEDJAX_CPU_NATIVE=0" in r.stdout
+    # A compiler that fails: same fallback, the reason quotes the build.
+    r = _fresh_python(code, CXX="false", PAGEDJAX_CACHE_DIR=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "auto xla" in r.stdout and "building the CPU attention kernel failed" in r.stdout
+
+
+# ------------------------------------------------------------------- matmul
+
+mm = jax.jit(cpu_native.matmul, static_argnames=("transposed",))
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("m,k,n", [(1, 576, 960), (3, 40, 37), (7, 300, 130), (16, 256, 64),
+                                   (13, 12, 5), (2, 1, 16)])
+def test_matmul_matches_numpy(m, k, n, transposed):
+    """Row groups (6 and 8), K parts, column and row tails past the 16/4 tiles,
+    K not a multiple of 8 (the transposed kernel's scalar path)."""
+    rng = np.random.default_rng(m * 1000 + k + n)
+    x = rng.standard_normal((m, k), np.float32)
+    w = rng.standard_normal((n, k) if transposed else (k, n), np.float32)
+    out = np.asarray(mm(jnp.asarray(x), jnp.asarray(w), transposed=transposed))
+    ref = x.astype(np.float64) @ (w.T if transposed else w).astype(np.float64)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+
+
+def test_matmul_rows_do_not_depend_on_the_batch():
+    rng = np.random.default_rng(3)
+    x = jnp.asarray(rng.standard_normal((9, 576), np.float32))
+    w = jnp.asarray(rng.standard_normal((576, 1536), np.float32))
+    full = np.asarray(mm(x, w))
+    for lo, hi in ((0, 1), (2, 5), (8, 9)):
+        np.testing.assert_array_equal(np.asarray(mm(x[lo:hi], w)), full[lo:hi])
+
+
+def test_model_steps_use_the_native_matmul_only_for_few_rows():
+    """The runner's trace context: <= NATIVE_MATMUL_MAX_ROWS rows -> custom call."""
+    from models import layers as L
+
+    x16 = jnp.ones((16, 64), jnp.float32)
+    x17 = jnp.ones((17, 64), jnp.float32)
+    w = jnp.ones((64, 2, 8), jnp.float32)
+
+    def hlo(x, rows=16):  # a fresh function per trace: the context is read while tracing
+        with L.native_matmuls(rows):
+            return jax.jit(lambda a, b: L.matmul(a, b)).lower(x, w).as_text()
+
+    assert cpu_native.MATMUL_TARGET in hlo(x16)
+    assert cpu_native.MATMUL_TARGET not in hlo(x17)
+    assert cpu_native.MATMUL_TARGET not in hlo(x16, rows=0)
+    with L.native_matmuls(16):
+        y = L.matmul(x16, w)
+    assert y.shape == (16, 2, 8) and np.all(np.asarray(y) == 64.0)
