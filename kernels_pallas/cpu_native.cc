@@ -546,14 +546,17 @@ ffi::Error Impl(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer kv_pages,
 // limits. Every weight element is read from memory once per call: w [K, N]
 // is split along K into one contiguous part per thread (partial sums added
 // at the end), each streamed kKC rows at a time, 6 rows x 16 columns per
-// register tile;
+// register tile; beyond kMG rows (compute-bound) w is packed block by block
+// instead (block_packed);
 // w [N, K] (the tied-embedding logits) is read 4 rows at a time into L1 and
 // dotted with 2 rows of x at a time.
 
 namespace {
 
 constexpr int64_t kNB = 64;    // w rows per task (w [N, K])
-constexpr int64_t kMG = 8;    // x rows per pass over w (w [K, N])
+constexpr int64_t kMG = 8;    // x rows per pass over w (w [K, N]); more: packed path
+constexpr int64_t kPNC = 64;   // packed path: columns per task
+constexpr int64_t kPKC = 256;  // packed path: K block
 constexpr int64_t kKC = 8;     // w rows per pass (w [K, N])
 
 struct MatmulWork {
@@ -567,20 +570,21 @@ struct MatmulWork {
   int64_t n_tasks;
   int64_t parts = 1;              // w [K, N]: K split into this many contiguous parts
   std::vector<float> partial;     // parts 1.. write here; part 0 writes y
+  bool packed = false;            // w [K, N] with more than kMG rows: block_packed
   void run();
 };
 
 #ifdef PAGEDJAX_AVX2
 template <int MR>
-inline void tile_nn(const float* x, int64_t K, const float* w, int64_t N, float* y, int64_t kc,
-                    bool first) {
+inline void tile_nn(const float* x, int64_t K, const float* w, int64_t ldw, float* y, int64_t ldy,
+                    int64_t kc, bool first) {
   __m256 c0[MR], c1[MR];
   for (int r = 0; r < MR; ++r) {
-    c0[r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + r * N);
-    c1[r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + r * N + 8);
+    c0[r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + r * ldy);
+    c1[r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + r * ldy + 8);
   }
   for (int64_t k = 0; k < kc; ++k) {
-    const __m256 b0 = _mm256_loadu_ps(w + k * N), b1 = _mm256_loadu_ps(w + k * N + 8);
+    const __m256 b0 = _mm256_loadu_ps(w + k * ldw), b1 = _mm256_loadu_ps(w + k * ldw + 8);
     for (int r = 0; r < MR; ++r) {
       const __m256 a = _mm256_broadcast_ss(x + r * K + k);
       c0[r] = _mm256_fmadd_ps(a, b0, c0[r]);
@@ -588,11 +592,10 @@ inline void tile_nn(const float* x, int64_t K, const float* w, int64_t N, float*
     }
   }
   for (int r = 0; r < MR; ++r) {
-    _mm256_storeu_ps(y + r * N, c0[r]);
-    _mm256_storeu_ps(y + r * N + 8, c1[r]);
+    _mm256_storeu_ps(y + r * ldy, c0[r]);
+    _mm256_storeu_ps(y + r * ldy + 8, c1[r]);
   }
 }
-
 #endif
 
 // Rows [k0, k1) of w [K, N] into out [M, N] = x[:, k0:k1] @ w[k0:k1]. The rows
@@ -617,12 +620,12 @@ void part_nn(const MatmulWork& mw, int64_t k0, int64_t k1, float* out) {
         const float* w = mw.w + kb * N + j;
         float* y = out + m0 * N + j;
         switch (std::min<int64_t>(6, g1 - m0)) {
-          case 6: tile_nn<6>(x, K, w, N, y, kc, first); break;
-          case 5: tile_nn<5>(x, K, w, N, y, kc, first); break;
-          case 4: tile_nn<4>(x, K, w, N, y, kc, first); break;
-          case 3: tile_nn<3>(x, K, w, N, y, kc, first); break;
-          case 2: tile_nn<2>(x, K, w, N, y, kc, first); break;
-          default: tile_nn<1>(x, K, w, N, y, kc, first); break;
+          case 6: tile_nn<6>(x, K, w, N, y, N, kc, first); break;
+          case 5: tile_nn<5>(x, K, w, N, y, N, kc, first); break;
+          case 4: tile_nn<4>(x, K, w, N, y, N, kc, first); break;
+          case 3: tile_nn<3>(x, K, w, N, y, N, kc, first); break;
+          case 2: tile_nn<2>(x, K, w, N, y, N, kc, first); break;
+          default: tile_nn<1>(x, K, w, N, y, N, kc, first); break;
         }
       }
     }
@@ -636,6 +639,55 @@ void part_nn(const MatmulWork& mw, int64_t k0, int64_t k1, float* out) {
       const float a = mw.x[m * K + k];
       const float* w = mw.w + k * N;
       for (int64_t n = n16; n < N; ++n) y[n] += a * w[n];
+    }
+  }
+}
+
+// Columns [n0, n1) of y = x @ w, w [K, N], for more than kMG rows: BLIS-style.
+// Each kPKC x (n1 - n0) block of w is packed into 16-column panels (one
+// contiguous [kPKC, 16] stretch each, L1-sized), and every 6-row group of x
+// runs the 6 x 16 register tile over a whole panel, so a block read from
+// memory once serves all rows and the outputs are touched once per block.
+void block_packed(const MatmulWork& mw, int64_t n0, int64_t n1, float* pack) {
+  const int64_t M = mw.M, K = mw.K, N = mw.N;
+  const int64_t n16 = (n1 - n0) & ~int64_t(15);
+#ifdef PAGEDJAX_AVX2
+  for (int64_t k0 = 0; k0 < K; k0 += kPKC) {
+    const int64_t kc = std::min(kPKC, K - k0);
+    for (int64_t k = 0; k < kc; ++k) {
+      const float* src = mw.w + (k0 + k) * N + n0;
+      for (int64_t j = 0; j < n16; j += 16) {
+        float* dst = pack + j * kc + k * 16;
+        _mm256_storeu_ps(dst, _mm256_loadu_ps(src + j));
+        _mm256_storeu_ps(dst + 8, _mm256_loadu_ps(src + j + 8));
+      }
+    }
+    const bool first = k0 == 0;
+    for (int64_t j = 0; j < n16; j += 16) {
+      const float* b = pack + j * kc;
+      for (int64_t m0 = 0; m0 < M; m0 += 6) {
+        const float* x = mw.x + m0 * K + k0;
+        float* y = mw.y + m0 * N + n0 + j;
+        switch (std::min<int64_t>(6, M - m0)) {
+          case 6: tile_nn<6>(x, K, b, 16, y, N, kc, first); break;
+          case 5: tile_nn<5>(x, K, b, 16, y, N, kc, first); break;
+          case 4: tile_nn<4>(x, K, b, 16, y, N, kc, first); break;
+          case 3: tile_nn<3>(x, K, b, 16, y, N, kc, first); break;
+          case 2: tile_nn<2>(x, K, b, 16, y, N, kc, first); break;
+          default: tile_nn<1>(x, K, b, 16, y, N, kc, first); break;
+        }
+      }
+    }
+  }
+#endif
+  if (n0 + n16 == n1) return;
+  for (int64_t m = 0; m < M; ++m) {  // columns past the last 16-wide panel
+    float* y = mw.y + m * N;
+    for (int64_t n = n0 + n16; n < n1; ++n) y[n] = 0.0f;
+    for (int64_t k = 0; k < K; ++k) {
+      const float a = mw.x[m * K + k];
+      const float* w = mw.w + k * N;
+      for (int64_t n = n0 + n16; n < n1; ++n) y[n] += a * w[n];
     }
   }
 }
@@ -699,10 +751,14 @@ void block_nt(const MatmulWork& mw, int64_t n0, int64_t n1) {
 }
 
 void MatmulWork::run() {
+  std::vector<float> pack;
   for (;;) {
     const int64_t t = next.fetch_add(1, std::memory_order_relaxed);
     if (t >= n_tasks) return;
-    if (transposed) {
+    if (packed) {
+      if (pack.empty()) pack.resize(kPKC * kPNC);
+      block_packed(*this, t * kPNC, std::min(N, (t + 1) * kPNC), pack.data());
+    } else if (transposed) {
       block_nt(*this, t * kNB, std::min(N, (t + 1) * kNB));
     } else {
       const int64_t per = (K + parts - 1) / parts;
@@ -733,9 +789,13 @@ ffi::Error MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
   if (M == 0 || N == 0) return ffi::Error::Success();
   if (work->transposed) {
     work->n_tasks = (N + kNB - 1) / kNB;
+  } else if (M > kMG) {
+    work->packed = true;
+    work->n_tasks = (N + kPNC - 1) / kPNC;
   } else {
     // The split depends on K and the pool only (never on M), so a row's sum
-    // runs in the same order whatever else is in the batch.
+    // runs in the same order whatever else is in a batch of up to kMG rows
+    // (block_packed's order is fixed too, but differs from this one).
     work->parts = std::clamp<int64_t>(pool.num_threads(), 1, std::max<int64_t>(1, K / 128));
     work->n_tasks = work->parts;
     work->partial.assign((work->parts - 1) * M * N, 0.0f);

@@ -120,10 +120,11 @@ mm = jax.jit(cpu_native.matmul, static_argnames=("transposed",))
 
 @pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("m,k,n", [(1, 576, 960), (3, 40, 37), (7, 300, 130), (16, 256, 64),
-                                   (13, 12, 5), (2, 1, 16)])
+                                   (13, 12, 5), (2, 1, 16), (40, 600, 200)])
 def test_matmul_matches_numpy(m, k, n, transposed):
-    """Row groups (6 and 8), K parts, column and row tails past the 16/4 tiles,
-    K not a multiple of 8 (the transposed kernel's scalar path)."""
+    """Few rows (K parts, 8-row passes) and more than 8 (packed blocks of 256 x 64,
+    several K blocks), column and row tails past the 16/4 tiles, K not a
+    multiple of 8 (the transposed kernel's scalar path)."""
     rng = np.random.default_rng(m * 1000 + k + n)
     x = rng.standard_normal((m, k), np.float32)
     w = rng.standard_normal((n, k) if transposed else (k, n), np.float32)
@@ -133,12 +134,16 @@ def test_matmul_matches_numpy(m, k, n, transposed):
 
 
 def test_matmul_rows_do_not_depend_on_the_batch():
+    """Within each path (<= 8 rows, > 8 rows) a row's bits do not depend on the others."""
     rng = np.random.default_rng(3)
-    x = jnp.asarray(rng.standard_normal((9, 576), np.float32))
+    x = jnp.asarray(rng.standard_normal((30, 576), np.float32))
     w = jnp.asarray(rng.standard_normal((576, 1536), np.float32))
-    full = np.asarray(mm(x, w))
-    for lo, hi in ((0, 1), (2, 5), (8, 9)):
-        np.testing.assert_array_equal(np.asarray(mm(x[lo:hi], w)), full[lo:hi])
+    few = np.asarray(mm(x[:8], w))
+    for lo, hi in ((0, 1), (2, 5), (7, 8)):
+        np.testing.assert_array_equal(np.asarray(mm(x[lo:hi], w)), few[lo:hi])
+    many = np.asarray(mm(x, w))
+    for lo, hi in ((0, 9), (5, 20), (17, 30)):
+        np.testing.assert_array_equal(np.asarray(mm(x[lo:hi], w)), many[lo:hi])
 
 
 def test_model_steps_use_the_native_matmul_only_for_few_rows():
