@@ -819,6 +819,16 @@ ffi::Error MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
 
 }  // namespace
 
+// 1 when the matmul has its vectorized paths (x86-64 with AVX2 + FMA); the
+// portable fallback is scalar, and the runner then keeps XLA's matmuls.
+extern "C" int PagedjaxFastMatmul() {
+#ifdef PAGEDJAX_AVX2
+  return 1;
+#else
+  return 0;
+#endif
+}
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PagedjaxMatmul, MatmulImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()

@@ -1,4 +1,5 @@
-"""Ragged paged attention as a C++ kernel for the CPU, called through XLA's FFI.
+"""C++ kernels for the CPU, called through XLA's FFI: ragged paged attention and
+the few-row matmuls of decode steps.
 
 The source (``cpu_native.cc``, next to this file) is compiled on first use
 with the system C++ compiler (``$CXX``, else ``g++``/``c++``/``clang++``)
@@ -9,9 +10,11 @@ seconds once per machine. Without a compiler, ``available()`` is False and
 ``attention_backend="auto"`` keeps the XLA (pure jnp) path; set
 ``PAGEDJAX_CPU_NATIVE=0`` to force that.
 
-Same contract and results as ``reference.ragged_paged_attention``; q in
-float32 or bfloat16, pages in float32, bfloat16, int8 or float8_e4m3fn (with
-scales), head_dim a multiple of 8. Other cases run the reference.
+``ragged_paged_attention``: same contract and results as
+``reference.ragged_paged_attention``; q in float32 or bfloat16, pages in
+float32, bfloat16, int8 or float8_e4m3fn (with scales), head_dim a multiple of
+8. Other cases run the reference. ``matmul``: float32 ``x @ w`` (or
+``x @ w.T``); the models use it for steps of few tokens (models/layers.py).
 """
 
 from __future__ import annotations
@@ -76,7 +79,8 @@ def build(verbose: bool = False) -> Path:
     include = jax.ffi.include_dir()
     src = SOURCE.read_bytes()
     flag_sets = [["-O3", "-march=native"], ["-O3"]]
-    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True,
+                             timeout=60).stdout
     out_dir = cache_dir() / "native"
     errors = []
     for flags in flag_sets:
@@ -84,21 +88,25 @@ def build(verbose: bool = False) -> Path:
         key = hashlib.sha256(b"\0".join([
             src, " ".join(args).encode(), version.encode(), jax.__version__.encode(),
             platform.machine().encode(), _cpu_tag().encode()])).hexdigest()[:20]
-        so = out_dir / f"paged_attention_{key}.so"
+        so = out_dir / f"cpu_kernels_{key}.so"
         if so.exists():
             return so
         out_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
             tmp_so = Path(tmp) / so.name
             cmd = [cxx, *args, str(SOURCE), "-o", str(tmp_so)]
-            r = subprocess.run(cmd, capture_output=True, text=True)
+            try:
+                r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            except subprocess.TimeoutExpired:
+                errors.append(f"$ {' '.join(cmd)}\ntimed out after 600 s")
+                continue
             if verbose:
                 print(" ".join(cmd), r.stderr, sep="\n")
             if r.returncode == 0:
                 os.replace(tmp_so, so)  # atomic: concurrent builders agree
                 return so
             errors.append(f"$ {' '.join(cmd)}\n{r.stderr[-2000:]}")
-    raise RuntimeError("building the CPU attention kernel failed:\n" + "\n".join(errors))
+    raise RuntimeError("building the C++ CPU kernels failed:\n" + "\n".join(errors))
 
 
 def _load():
@@ -124,6 +132,12 @@ def _load():
 def available() -> bool:
     """True when the kernel is built (or was built now) and registered with XLA."""
     return _load() is not None
+
+
+def fast_matmul() -> bool:
+    """True when the built matmul has its vectorized (AVX2 + FMA) paths."""
+    lib = _load()
+    return lib is not None and bool(lib.PagedjaxFastMatmul())
 
 
 def unavailable_reason() -> str | None:

@@ -138,7 +138,11 @@ class Runner:
     def matmul_context(self):
         """Context to trace the model in: routes few-row matmuls to the C++ kernel
         on the cpu_native backend (read at trace time, see models/layers.py)."""
-        rows = self.NATIVE_MATMUL_MAX_ROWS if self.attn_backend == "cpu_native" else 0
+        rows = 0
+        if self.attn_backend == "cpu_native":
+            from kernels_pallas import cpu_native
+
+            rows = self.NATIVE_MATMUL_MAX_ROWS if cpu_native.fast_matmul() else 0
         return native_matmuls(rows)
 
     def _step_impl(self, params, kv_caches, batch: BatchInputs, *, prompt_k):
