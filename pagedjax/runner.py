@@ -131,8 +131,8 @@ class Runner:
 
     # ------------------------------------------------------------------ device
     # Steps of at most this many tokens run their matmuls in the C++ kernel on the
-    # cpu_native backend: 1.3-2.2x faster than XLA:CPU's GEMM at 2-32 rows on a
-    # 2-core Zen 3, even at 64, slower beyond (prefill steps stay with XLA).
+    # cpu_native backend: faster than XLA:CPU's GEMM at 2-32 rows on a 2-core Zen 3,
+    # even at 64, slower at 128 (benchmarks/cpu_kernels.py; prefill steps stay with XLA).
     NATIVE_MATMUL_MAX_ROWS = 32
 
     def matmul_context(self):

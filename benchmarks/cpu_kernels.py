@@ -1,0 +1,125 @@
+"""The C++ CPU kernels (kernels_pallas/cpu_native.cc) vs XLA on the same inputs.
+
+Attention: one layer with SmolLM2-135M's heads (9 q / 3 kv, head_dim 64,
+16-token pages placed at random) for 1, 8 and 64 decode rows and a 512-token
+prefill (8 chunks of 64). Matmuls: 30 SmolLM2-sized layers (qkv, o, gate_up,
+down) plus the tied-embedding logits, at 1..128 rows. Each figure is the
+minimum of ``--reps`` runs of a jitted call. Prints a table, writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from benchmarks.throughput import write_json  # noqa: E402
+from kernels_pallas import cpu_native, reference  # noqa: E402
+
+DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "cpu_kernels.json")
+
+
+def _best_ms(f, args, reps):
+    f(*args).block_until_ready()
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        f(*args).block_until_ready()
+        best = min(best, time.perf_counter() - t)
+    return 1000 * best
+
+
+def _attention_case(q_lens, kv_lens, hkv=3, g=3, d=64, ps=16, pages=64, seed=0):
+    rng = np.random.default_rng(seed)
+    s, t = len(q_lens), int(sum(q_lens))
+    n = s * pages + 1
+    table = np.zeros((s, pages), np.int32)
+    perm = rng.permutation(np.arange(1, n))
+    for i, kl in enumerate(kv_lens):
+        table[i, : -(-kl // ps)] = perm[i * pages: i * pages + -(-kl // ps)]
+    cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    return [jnp.asarray(x) for x in (
+        rng.standard_normal((t, hkv * g, d), np.float32),
+        rng.standard_normal((n, 2, hkv, ps, d), np.float32),
+        np.asarray(kv_lens, np.int32), table, cu, np.asarray([s], np.int32))]
+
+
+def attention(reps):
+    rng = np.random.default_rng(1)
+    cases = {"decode 1 row": ([1], [192], 1), "decode 8 rows": ([1] * 8, [192] * 8, 1),
+             "decode 64 rows": ([1] * 64, list(rng.integers(20, 340, 64)), 1),
+             "prefill 512 tokens": ([64] * 8, [64 * (i + 1) for i in range(8)], None)}
+    out = []
+    for name, (ql, kl, mq) in cases.items():
+        args = _attention_case(ql, kl)
+        fn = jax.jit(lambda *a, mq=mq: cpu_native.ragged_paged_attention(*a, sm_scale=0.125, max_q_len=mq))
+        fx = jax.jit(lambda *a, mq=mq: reference.ragged_paged_attention(*a, sm_scale=0.125, max_q_len=mq))
+        err = float(jnp.linalg.norm(fn(*args) - fx(*args)) / jnp.linalg.norm(fx(*args)))
+        out.append({"case": name, "cpu_native_ms": _best_ms(fn, args, reps),
+                    "xla_ms": _best_ms(fx, args, reps), "rel_err": err})
+    return out
+
+
+def matmuls(reps, rows):
+    rng = np.random.default_rng(0)
+    h, inter, vocab, qkv, layers = 576, 1536, 49152, 960, 30
+
+    def w(*shape):
+        return jnp.asarray(rng.standard_normal(shape, np.float32) * 0.05)
+
+    ws = [(w(h, qkv), w(h, h), w(h, 2 * inter), w(inter, h)) for _ in range(layers)]
+    emb = w(vocab, h)
+
+    def model(mm, mm_t):
+        def f(x, ws, emb):
+            for a, b, c, d in ws:
+                q = mm(x, a)
+                x = x + mm(x, b) * 0.01 + q[:, :h] * 0.01
+                gu = mm(x, c)
+                x = x + mm(jax.nn.silu(gu[:, :inter]) * gu[:, inter:], d) * 0.01
+            return mm_t(x, emb)
+        return jax.jit(f)
+
+    fx = model(lambda x, w: x @ w, lambda x, e: x @ e.T)
+    fn = model(cpu_native.matmul, lambda x, e: cpu_native.matmul(x, e, transposed=True))
+    out = []
+    for m in rows:
+        x = jnp.asarray(rng.standard_normal((m, h), np.float32))
+        a, b = fx(x, ws, emb), fn(x, ws, emb)
+        out.append({"rows": m, "cpu_native_ms": _best_ms(fn, (x, ws, emb), reps),
+                    "xla_ms": _best_ms(fx, (x, ws, emb), reps),
+                    "rel_err": float(jnp.linalg.norm(a - b) / jnp.linalg.norm(a))})
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--rows", default="1,2,4,8,16,32,64,128", help="matmul row counts")
+    p.add_argument("--json", default=DEFAULT_JSON)
+    ns = p.parse_args(argv)
+    if not cpu_native.available():
+        raise SystemExit(f"cpu_native is unavailable: {cpu_native.unavailable_reason()}")
+    att = attention(ns.reps)
+    print(f"{'attention, one layer':<24}{'cpu_native ms':>14}{'xla ms':>10}{'rel err':>10}")
+    for r in att:
+        print(f"{r['case']:<24}{r['cpu_native_ms']:>14.3f}{r['xla_ms']:>10.3f}{r['rel_err']:>10.1e}")
+    mm = matmuls(ns.reps, [int(x) for x in ns.rows.split(",")])
+    print(f"\n{'matmuls, 30 layers':<24}{'cpu_native ms':>14}{'xla ms':>10}{'rel err':>10}")
+    for r in mm:
+        print(f"{str(r['rows']) + ' rows':<24}{r['cpu_native_ms']:>14.1f}{r['xla_ms']:>10.1f}{r['rel_err']:>10.1e}")
+    write_json({"benchmark": "cpu_kernels", "jax": jax.__version__, "attention": att,
+                "matmuls": mm}, ns.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
