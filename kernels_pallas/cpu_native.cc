@@ -598,6 +598,22 @@ inline void tile_nn(const float* x, int64_t K, const float* w, int64_t ldw, floa
 }
 #endif
 
+// out[:, n0:n1] = x[:, k0:k1] @ w[k0:k1, n0:n1], plain loops: the columns the
+// 16-wide tiles leave over (and everything without AVX2).
+void scalar_columns(const MatmulWork& mw, int64_t n0, int64_t n1, int64_t k0, int64_t k1,
+                    float* out) {
+  const int64_t K = mw.K, N = mw.N;
+  for (int64_t m = 0; m < mw.M; ++m) {
+    float* y = out + m * N;
+    for (int64_t n = n0; n < n1; ++n) y[n] = 0.0f;
+    for (int64_t k = k0; k < k1; ++k) {
+      const float a = mw.x[m * K + k];
+      const float* w = mw.w + k * N;
+      for (int64_t n = n0; n < n1; ++n) y[n] += a * w[n];
+    }
+  }
+}
+
 // Rows [k0, k1) of w [K, N] into out [M, N] = x[:, k0:k1] @ w[k0:k1]. The rows
 // are one contiguous stretch of memory, read kKC rows at a time left to
 // right: kKC concurrent sequential streams, which the hardware prefetchers
@@ -632,15 +648,7 @@ void part_nn(const MatmulWork& mw, int64_t k0, int64_t k1, float* out) {
   }
 #endif
   if (n16 == N) return;
-  for (int64_t m = 0; m < M; ++m) {  // columns past the last 16-wide strip
-    float* y = out + m * N;
-    for (int64_t n = n16; n < N; ++n) y[n] = 0.0f;
-    for (int64_t k = k0; k < k1; ++k) {
-      const float a = mw.x[m * K + k];
-      const float* w = mw.w + k * N;
-      for (int64_t n = n16; n < N; ++n) y[n] += a * w[n];
-    }
-  }
+  scalar_columns(mw, n16, N, k0, k1, out);  // past the last 16-wide strip
 }
 
 // Columns [n0, n1) of y = x @ w, w [K, N], for more than kMG rows: BLIS-style.
@@ -681,15 +689,7 @@ void block_packed(const MatmulWork& mw, int64_t n0, int64_t n1, float* pack) {
   }
 #endif
   if (n0 + n16 == n1) return;
-  for (int64_t m = 0; m < M; ++m) {  // columns past the last 16-wide panel
-    float* y = mw.y + m * N;
-    for (int64_t n = n0 + n16; n < n1; ++n) y[n] = 0.0f;
-    for (int64_t k = 0; k < K; ++k) {
-      const float a = mw.x[m * K + k];
-      const float* w = mw.w + k * N;
-      for (int64_t n = n0 + n16; n < n1; ++n) y[n] += a * w[n];
-    }
-  }
+  scalar_columns(mw, n0 + n16, n1, 0, K, mw.y);  // past the last 16-wide panel
 }
 
 // Rows [n0, n1) of w [N, K]: y[:, n0:n1] = x @ w[n0:n1]^T.
