@@ -244,6 +244,15 @@ class LLMEngine:
     def get_num_unfinished_requests(self) -> int:
         return len(self._states)
 
+    def request_ids(self) -> list[str]:
+        """Ids of every unfinished request (waiting or running)."""
+        return list(self._states)
+
+    def scheduled_request_ids(self) -> list[str]:
+        """Ids of unfinished requests that have been scheduled at least once."""
+        return [rid for rid, st in self._states.items()
+                if st.metrics.first_scheduled_time is not None]
+
     # ------------------------------------------------------------------ step
     def _row_state(self, req: Request, seq: _Seq, state: _ReqState, fork_index: int | None):
         params = seq.params

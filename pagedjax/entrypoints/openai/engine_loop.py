@@ -131,10 +131,7 @@ class AsyncEngine:
 
     def _scheduled_ids(self) -> list[str]:
         """Requests that have been scheduled at least once (a failed step touched them)."""
-        states = getattr(self.engine, "_states", {})
-        out = [rid for rid, st in states.items()
-               if getattr(st.metrics, "first_scheduled_time", None) is not None]
-        return out or list(states)
+        return self.engine.scheduled_request_ids() or self.engine.request_ids()
 
     def _step(self) -> None:
         try:
