@@ -9,6 +9,7 @@ script itself.
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -44,6 +45,14 @@ def test_throughput_smoke(tiny_folder, tmp_path):
     rep = json.loads(out.read_text())
     wl = rep["workload"]
     assert wl["num_requests"] == 5 and len(wl["output_lens"]) == 5
+    m = rep["machine"]
+    assert m["cpu"]["model"] and m["cpus"] >= 1 and m["versions"]["jax"]
+    # Every system ran in a fresh process of its own, its load recorded around it.
+    rd = rep["rounds"][0]
+    assert rd["order"] == ["pagedjax", "hf_static", "hf_continuous"]
+    pids = {name: r["process"]["pid"] for name, r in rd["systems"].items()}
+    assert len(set(pids.values())) == 3 and os.getpid() not in pids.values()
+    assert all(len(r["process"]["loadavg_before"]) == 3 for r in rd["systems"].values())
 
     pj = rep["systems"]["pagedjax"]
     for key in ("output_tokens_per_s", "requests_per_s", "mean_ttft_ms", "mean_tpot_ms",
@@ -75,6 +84,22 @@ def test_throughput_smoke(tiny_folder, tmp_path):
     assert sh["n4"]["sequences"] == sh["independent"]["sequences"] == 32
     assert sh["n4"]["peak_pages_used"] < sh["independent"]["peak_pages_used"]
     assert sh["n4"]["peak_pages_saved_by_sharing"] > 0
+
+
+def test_throughput_rounds_alternate_and_combine():
+    from benchmarks.throughput import _order, combine
+
+    systems = ["pagedjax", "hf_static"]
+    assert _order(systems, 0) == systems and _order(systems, 1) == systems[::-1]
+    rounds = [{"pagedjax": {"output_tokens_per_s": 100.0}, "hf_static": {"output_tokens_per_s": 50.0}},
+              {"pagedjax": {"output_tokens_per_s": 90.0}, "hf_static": {"output_tokens_per_s": 20.0}},
+              {"pagedjax": {"output_tokens_per_s": 120.0}, "hf_static": {"error": "boom"}}]
+    got = combine(rounds, systems)
+    assert got["pagedjax"]["output_tokens_per_s"] == 100.0  # the median run
+    assert got["pagedjax"]["runs_output_tokens_per_s"] == [100.0, 90.0, 120.0]
+    # speedups are taken within a round (2x and 4.5x), never across rounds
+    assert got["hf_static"]["pagedjax_speedup_per_round"] == [2.0, 4.5]
+    assert got["hf_static"]["pagedjax_speedup"] == 3.25
 
 
 def test_step_floor_smoke(tiny_folder, tmp_path):
