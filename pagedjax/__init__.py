@@ -11,10 +11,12 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "LLM": ("pagedjax.llm", "LLM"),
+    "AsyncLLM": ("pagedjax.async_llm", "AsyncLLM"),
     "LLMEngine": ("pagedjax.engine", "LLMEngine"),
     "EngineArgs": ("pagedjax.config", "EngineArgs"),
     "SamplingParams": ("pagedjax.sampling_params", "SamplingParams"),
     "BeamSearchParams": ("pagedjax.sampling_params", "BeamSearchParams"),
+    "RequestOutputKind": ("pagedjax.sampling_params", "RequestOutputKind"),
     "RequestOutput": ("pagedjax.outputs", "RequestOutput"),
     "CompletionOutput": ("pagedjax.outputs", "CompletionOutput"),
     "Logprob": ("pagedjax.outputs", "Logprob"),

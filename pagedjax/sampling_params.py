@@ -31,6 +31,20 @@ SEED_MIN = -(2**63)
 SEED_MAX = 2**64 - 1
 
 
+class RequestOutputKind(enum.Enum):
+    """What ``AsyncLLM.generate`` yields (vLLM's names).
+
+    CUMULATIVE: every output holds the whole text and token ids so far.
+    DELTA: every output holds only what is new since the previous one.
+    FINAL_ONLY: one output, when the request finishes.
+    ``LLM.generate`` always returns final outputs.
+    """
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
+
+
 class SamplingType(enum.IntEnum):
     GREEDY = 0
     RANDOM = 1
@@ -78,6 +92,7 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     logit_bias: Optional[dict[int, float]] = None
     allowed_token_ids: Optional[list[int]] = None
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     # EOS ids from the model / generation config (see update_from_generation_config).
     _eos_token_ids: list[int] = field(default_factory=list, init=False, repr=False,
                                       compare=False)
@@ -198,6 +213,9 @@ class SamplingParams:
                 raise ValueError(
                     "allowed_token_ids must not be empty; pass None to allow all tokens.")
             self._check_ids("allowed_token_ids", self.allowed_token_ids, None)
+        if not isinstance(self.output_kind, RequestOutputKind):
+            raise ValueError("output_kind must be a pagedjax.sampling_params.RequestOutputKind "
+                             f"(CUMULATIVE, DELTA or FINAL_ONLY), got {self.output_kind!r}.")
         for name in ("include_stop_str_in_output", "ignore_eos", "detokenize",
                      "skip_special_tokens", "spaces_between_special_tokens"):
             if not isinstance(getattr(self, name), bool):
