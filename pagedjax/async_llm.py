@@ -12,7 +12,7 @@ Design. One thread owns the :class:`~pagedjax.engine.LLMEngine` (it is not
 thread-safe). Callers only append a command (add, abort) to a deque under a
 ``threading.Condition`` and notify it; the thread sleeps on the condition
 when there is no work (no polling), applies the commands between steps and
-hands each request's output to its :class:`~pagedjax.output_stream.OutputStream`
+hands each request's output to its :class:`~pagedjax.output_stream.RequestStream`
 with ``loop.call_soon_threadsafe``. Text prompts are tokenized in a small
 worker pool first, and detokenization happens inside ``engine.step()`` on
 the engine thread, so CPU work per request stays off the caller's loop.
@@ -35,9 +35,9 @@ import traceback
 import uuid
 from typing import Any, AsyncIterator, Callable, Optional, Sequence
 
-from pagedjax.output_stream import DeltaTracker, OutputStream
+from pagedjax.output_stream import RequestStream
 from pagedjax.outputs import RequestOutput
-from pagedjax.sampling_params import RequestOutputKind, SamplingParams
+from pagedjax.sampling_params import SamplingParams
 
 logger = logging.getLogger("pagedjax.async_llm")
 
@@ -144,6 +144,35 @@ class AsyncLLM:
             return "the engine is shutting down"
         return f"the engine thread died: {self._dead}"
 
+    async def add_request(self, request_id: str, prompt: Any,
+                          params: Optional[SamplingParams] = None, *,
+                          priority: int = 0) -> RequestStream:
+        """Queue one request; its outputs come from the returned stream.
+
+        Raises ``ValueError`` for a bad request. Iterate the stream with
+        ``async for``; ``stream.close()`` aborts the request if unfinished.
+        """
+        params = params if params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be SamplingParams, got "
+                             f"{type(params).__name__}")
+        if isinstance(prompt, str) or (isinstance(prompt, dict) and "prompt_token_ids" not in prompt
+                                       and isinstance(prompt.get("prompt"), str)):
+            text, ids = await self.tokenize(prompt)
+            prompt = {"prompt": text, "prompt_token_ids": ids}
+        loop = asyncio.get_running_loop()
+        stream = RequestStream(request_id, loop, params.output_kind, self._abort_nowait)
+        added = loop.create_future()
+        self._submit(("add", request_id, prompt, params, stream, added, priority))
+        try:
+            await added  # raises ValueError for a bad request
+        except ValueError:
+            raise
+        except BaseException:  # cancelled while queued: the add may still happen
+            stream.close()
+            raise
+        return stream
+
     async def generate(self, prompt: Any, sampling_params: Optional[SamplingParams] = None,
                        request_id: Optional[str] = None, *,
                        priority: int = 0) -> AsyncIterator[RequestOutput]:
@@ -153,49 +182,18 @@ class AsyncLLM:
         deltas, or the final output only. Leaving the ``async for`` early, or
         cancelling the task, aborts the request and frees its pages.
         """
-        params = sampling_params if sampling_params is not None else SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling_params must be SamplingParams, got "
-                             f"{type(params).__name__}")
         rid = request_id if request_id is not None else f"req-{uuid.uuid4().hex}"
-        if isinstance(prompt, str) or (isinstance(prompt, dict) and "prompt_token_ids" not in prompt
-                                       and isinstance(prompt.get("prompt"), str)):
-            text, ids = await self.tokenize(prompt)
-            prompt = {"prompt": text, "prompt_token_ids": ids}
-        loop = asyncio.get_running_loop()
-        stream = OutputStream(loop)
-        added = loop.create_future()
-        self._submit(("add", rid, prompt, params, stream, added, priority))
-        finished = False
+        stream = await self.add_request(rid, prompt, sampling_params, priority=priority)
         try:
-            await added  # raises ValueError for a bad request
-            kind = params.output_kind
-            tracker = DeltaTracker() if kind is RequestOutputKind.DELTA else None
-            while True:
-                out = await stream.get()
-                if out is None:  # aborted
-                    finished = True
-                    return
-                finished = out.finished
-                if kind is RequestOutputKind.FINAL_ONLY and not finished:
-                    continue
-                if tracker is not None:
-                    out = tracker.delta(out)
-                    if out is None:
-                        continue
+            async for out in stream:
                 yield out
-                if finished:
-                    return
-        except ValueError:
-            finished = True  # never added
-            raise
         finally:
-            if not finished:
-                self._abort_nowait([rid])
+            stream.close()
 
-    def _abort_nowait(self, ids: Sequence[str]) -> None:
+    def _abort_nowait(self, ids: str | Sequence[str]) -> None:
+        ids = [ids] if isinstance(ids, str) else list(ids)
         try:
-            self._submit(("abort", list(ids), None))
+            self._submit(("abort", ids, None))
         except EngineDeadError:
             pass  # the thread is gone; it failed every request when it stopped
 

@@ -67,8 +67,18 @@ class EngineMetrics:
                             "Arrival to first scheduled.", _LATENCY_BUCKETS)
         self._last_prompt = 0
         self._last_gen = 0
+        self._last_steps = 0
 
-    # Called from the engine thread only.
+    # AsyncLLM's stat_logger interface (called from the engine thread only).
+    def on_step(self, engine, num_requests: int) -> None:
+        self.update_engine(engine, num_requests)
+
+    def on_finished(self, output) -> None:
+        self.observe_finished(output)
+
+    def on_error(self) -> None:
+        self.engine_errors.inc()
+
     def update_engine(self, engine, in_flight: int) -> None:
         sch = engine.scheduler
         st = sch.stats()
@@ -82,6 +92,9 @@ class EngineMetrics:
         self.prefix_queries.set(st.prefix_queries)
         self.prefix_hits.set(st.prefix_hits)
         self.prefix_hit_rate.set(st.prefix_hits / st.prefix_queries if st.prefix_queries else 0.0)
+        if engine.num_steps > self._last_steps:
+            self.steps.inc(engine.num_steps - self._last_steps)
+            self._last_steps = engine.num_steps
         p, gtok = engine.num_prompt_tokens, engine.num_generated_tokens
         if p > self._last_prompt:
             self.prompt_tokens.inc(p - self._last_prompt)

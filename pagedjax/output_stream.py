@@ -12,27 +12,35 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import Optional
+from typing import Callable, Optional
 
 from pagedjax.outputs import CompletionOutput, RequestOutput
+from pagedjax.sampling_params import RequestOutputKind
 
 
-class OutputStream:
-    """Latest output (or error) of one request, handed from the engine thread.
+class RequestStream:
+    """The outputs of one request, as an async iterator (``AsyncLLM.add_request``).
 
     ``put`` runs on the consumer's event loop (the engine thread schedules it
-    with ``loop.call_soon_threadsafe``); ``get`` waits for the next item.
+    with ``loop.call_soon_threadsafe``); ``__anext__`` waits for the next
+    output in the request's ``output_kind``. ``close()`` aborts the request if
+    it has not finished (``on_close`` is called with the request id).
     """
 
-    __slots__ = ("loop", "_event", "_latest", "_error", "_ended")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop):
+    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop,
+                 kind: RequestOutputKind, on_close: Callable[[str], None]):
+        self.request_id = request_id
         self.loop = loop
+        self.kind = kind
+        self.finished = False
+        self._on_close = on_close
+        self._tracker = DeltaTracker() if kind is RequestOutputKind.DELTA else None
         self._event = asyncio.Event()
         self._latest: Optional[RequestOutput] = None
         self._error: Optional[BaseException] = None
         self._ended = False
 
+    # engine side (on the loop) -------------------------------------------------
     def put(self, item) -> None:
         if isinstance(item, BaseException):
             self._error = item
@@ -42,18 +50,44 @@ class OutputStream:
             self._latest = item
         self._event.set()
 
-    async def get(self) -> Optional[RequestOutput]:
-        """The newest output; None when the stream ended without one; raises its error."""
+    # consumer side ---------------------------------------------------------------
+    async def _next_cumulative(self) -> Optional[RequestOutput]:
         while True:
             if self._latest is not None:
                 out, self._latest = self._latest, None
                 return out
             if self._error is not None:
+                self.finished = True
                 raise self._error
             if self._ended:
                 return None
             self._event.clear()
             await self._event.wait()
+
+    def __aiter__(self) -> "RequestStream":
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        while not self.finished:
+            out = await self._next_cumulative()
+            if out is None:
+                self.finished = True
+                break
+            self.finished = out.finished
+            if self.kind is RequestOutputKind.FINAL_ONLY and not out.finished:
+                continue
+            if self._tracker is not None:
+                out = self._tracker.delta(out)
+                if out is None:
+                    continue
+            return out
+        raise StopAsyncIteration
+
+    def close(self) -> None:
+        """Abort the request unless it has finished (idempotent)."""
+        if not self.finished:
+            self.finished = True
+            self._on_close(self.request_id)
 
 
 def _delta_completion(cur: CompletionOutput, sent: tuple[int, int]) -> CompletionOutput:

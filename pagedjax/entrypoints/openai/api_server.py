@@ -24,10 +24,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
-from pagedjax.entrypoints.openai.engine_loop import AsyncEngine
-from pagedjax.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
-                                                  ModelCard, OpenAIError)
-from pagedjax.entrypoints.openai.serving import ClientDisconnected, OpenAIServing
+from pagedjax.async_llm import AsyncLLM
+from pagedjax.entrypoints.openai.errors import OpenAIError
+from pagedjax.entrypoints.openai.jobs import ClientDisconnected
+from pagedjax.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelCard
+from pagedjax.entrypoints.openai.serving import OpenAIServing
 
 logger = logging.getLogger("pagedjax.server")
 
@@ -50,16 +51,16 @@ def _pydantic_message(err) -> tuple[str, Optional[str]]:
     return msg, field
 
 
-def build_app(aengine: AsyncEngine, served_model_names: list[str], api_key: Optional[str] = None,
+def build_app(llm: AsyncLLM, served_model_names: list[str], api_key: Optional[str] = None,
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, metrics=None,
               enable_test_hooks: bool = False):
     import pagedjax
 
     app = FastAPI(title="pagedjax OpenAI-compatible server", version=pagedjax.__version__)
-    serving = OpenAIServing(aengine, served_model_names)
-    app.state.aengine = aengine
+    serving = OpenAIServing(llm, served_model_names)
+    app.state.llm = llm
     app.state.serving = serving
-    engine = aengine.engine
+    engine = llm.engine
 
     def error(e: OpenAIError) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.status)
@@ -106,8 +107,9 @@ def build_app(aengine: AsyncEngine, served_model_names: list[str], api_key: Opti
             check_key(request)
             body = await read_json(request)
             req = parse(model_cls, body)
-            if enable_test_hooks and request.headers.get("x-pagedjax-test-fault") == "step":
-                aengine.fault_next_step = True
+            fault = request.headers.get("x-pagedjax-test-fault") if enable_test_hooks else None
+            if fault in ("step", "thread"):
+                llm.inject_step_fault(fault)
             result = await method(req, request)
         except OpenAIError as e:
             return error(e)
@@ -134,7 +136,7 @@ def build_app(aengine: AsyncEngine, served_model_names: list[str], api_key: Opti
 
     @app.get("/health")
     async def health():
-        if not aengine.alive:
+        if not llm.is_running:
             return error(OpenAIError("the engine thread is not running", 503, type="server_error"))
         return Response(status_code=200)
 
@@ -209,9 +211,9 @@ def run_server(ns: argparse.Namespace) -> int:
         engine.runner.warmup(progress=True)
     names = ns.served_model_name or [ns.model or engine.model_name]
     metrics = EngineMetrics(names[0])
-    aengine = AsyncEngine(engine, metrics)
+    llm = AsyncLLM.from_engine(engine, stat_logger=metrics)
     metrics.update_engine(engine, 0)
-    app = build_app(aengine, names, api_key=api_key, max_body_bytes=ns.max_request_body_bytes,
+    app = build_app(llm, names, api_key=api_key, max_body_bytes=ns.max_request_body_bytes,
                     metrics=metrics, enable_test_hooks=ns.enable_test_hooks)
     app.state.serving.max_logprobs = ns.max_logprobs
     logger.info("serving %s on http://%s:%d (api key %s)", names[0], ns.host, ns.port,
@@ -220,7 +222,7 @@ def run_server(ns: argparse.Namespace) -> int:
         uvicorn.run(app, host=ns.host, port=ns.port, log_level=ns.log_level,
                     timeout_graceful_shutdown=5)
     finally:
-        aengine.shutdown()
+        llm.shutdown()
     return 0
 
 

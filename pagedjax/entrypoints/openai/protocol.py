@@ -13,22 +13,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-
-class OpenAIError(Exception):
-    """An error with OpenAI's JSON shape and an HTTP status."""
-
-    def __init__(self, message: str, status: int = 400, type: str = "invalid_request_error",
-                 param: Optional[str] = None, code: Optional[str] = None):
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.type = type
-        self.param = param
-        self.code = code
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
+from pagedjax.entrypoints.openai.errors import OpenAIError  # noqa: F401 - re-exported
 
 
 def random_id(prefix: str) -> str:
