@@ -125,7 +125,11 @@ class AsyncLLM:
 
     async def run_in_worker(self, fn: Callable, *args: Any) -> Any:
         """Run CPU-bound ``fn(*args)`` (tokenizing, templating) in the worker pool."""
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        try:
+            fut = asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        except RuntimeError as e:  # the pool is shut down
+            raise EngineDeadError(self._dead_message()) from e
+        return await fut
 
     async def tokenize(self, prompt: Any) -> tuple[Optional[str], list[int]]:
         """``engine.tokenize`` in the worker pool: (text or None, token ids)."""
@@ -211,7 +215,7 @@ class AsyncLLM:
             self._cv.notify()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown(wait=False)  # queued work still runs; new work is refused
 
     # ------------------------------------------------------------------ engine thread
     @staticmethod

@@ -73,7 +73,7 @@ class Server:
             return status, data.decode(errors="replace")
 
     def metrics(self) -> dict[str, float]:
-        _, text = self.raw("GET", "/metrics", auth=False)
+        _, text = self.raw("GET", "/metrics")
         out = {}
         for line in text.splitlines():
             m = re.match(r"^(pagedjax:[a-z0-9_]+)(\{[^}]*\})? ([0-9.e+-]+)$", line)

@@ -129,7 +129,7 @@ def test_client_disconnect_mid_stream_frees_pages(server):
                        "ignore_eos": True, "stream": True, "temperature": 0}).encode()
     port = int(server.url.rsplit(":", 1)[1])
     s = socket.create_connection(("127.0.0.1", port))
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
               + f"Authorization: Bearer {server.api_key}\r\nContent-Length: {len(body)}\r\n\r\n"
               .encode() + body)
     got = b""
@@ -146,7 +146,7 @@ def test_client_disconnect_mid_stream_frees_pages(server):
     s = socket.create_connection(("127.0.0.1", port))
     body = json.dumps({"prompt": "Count to a thousand", "max_tokens": 400, "ignore_eos": True,
                        "temperature": 0}).encode()
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
               + f"Authorization: Bearer {server.api_key}\r\nContent-Length: {len(body)}\r\n\r\n"
               .encode() + body)
     deadline = time.time() + 60

@@ -4,173 +4,94 @@
     pagedjax serve [M] --port 8000
 
 Routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions,
-GET /health, GET /version, GET /metrics. Binds 127.0.0.1 unless --host is
-given. With --api-key (or PAGEDJAX_API_KEY / VLLM_API_KEY) every /v1 route
-needs ``Authorization: Bearer <key>``. Errors are OpenAI-shaped:
-``{"error": {"message", "type", "param", "code"}}``.
+GET /health, GET /version, GET /metrics, GET /openapi.json and /docs. Binds
+127.0.0.1 unless --host is given, and then answers only requests whose Host is
+a loopback name (or listed in --allowed-hosts). With --api-key (or
+PAGEDJAX_API_KEY / VLLM_API_KEY, which keep the key out of the process list)
+/v1, /metrics and the docs need ``Authorization: Bearer <key>``; /health never
+does. Errors are OpenAI-shaped: ``{"error": {"message", "type", "param", "code"}}``.
+
+Shutdown: the first SIGTERM or SIGINT starts a drain. New requests, on new or
+kept-alive connections, get 503; requests in flight may finish within
+--shutdown-timeout seconds; what is left then ends with an error event and
+``[DONE]`` (streams) or a 503; every KV page is freed and the process exits 0.
+A second signal exits at once. If the engine thread dies, /health answers
+503 and the process exits with status 1 so an orchestrator restarts it.
 """
 
 from __future__ import annotations
 
 import argparse
-import hmac
-import json
+import asyncio
 import logging
 import os
 import sys
+import time
 from typing import Optional
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import ValidationError
+import uvicorn
 
-from pagedjax.async_llm import AsyncLLM
-from pagedjax.entrypoints.openai.errors import OpenAIError
-from pagedjax.entrypoints.openai.jobs import ClientDisconnected
-from pagedjax.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelCard
-from pagedjax.entrypoints.openai.serving import OpenAIServing
+from pagedjax.entrypoints.openai.app import DEFAULT_MAX_BODY_BYTES, AppConfig, build_app
+from pagedjax.entrypoints.openai.gate import GateConfig, ServerState, is_loopback
 
 logger = logging.getLogger("pagedjax.server")
 
-DEFAULT_MAX_BODY_BYTES = 4 * 2**20
+DEATH_GRACE_S = 2.0  # /health answers 503 this long after the engine thread died
 
 
-def _pydantic_message(err) -> tuple[str, Optional[str]]:
-    errs = err.errors()
-    if not errs:
-        return str(err), None
-    e = errs[0]
-    loc = [str(x) for x in e.get("loc", ()) if not isinstance(x, int)]
-    # Union members add their type names to loc; keep the field path only.
-    field = loc[0] if loc else None
-    msg = f"{'.'.join(str(x) for x in e.get('loc', ()))}: {e.get('msg')}"
-    if "input" in e and not isinstance(e["input"], (dict, list)):
-        msg += f" (got {e['input']!r})"
-    if len(errs) > 1:
-        msg += f" (and {len(errs) - 1} more error(s))"
-    return msg, field
+class _Server(uvicorn.Server):
+    """uvicorn's server with our drain on the first signal (and no re-raised signal)."""
 
+    def __init__(self, config: uvicorn.Config, on_signal):
+        super().__init__(config)
+        self._on_signal = on_signal
+        self._signalled = False
+        self.loop: Optional[asyncio.AbstractEventLoop] = None
 
-def build_app(llm: AsyncLLM, served_model_names: list[str], api_key: Optional[str] = None,
-              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, metrics=None,
-              enable_test_hooks: bool = False):
-    import pagedjax
+    async def startup(self, sockets=None) -> None:
+        self.loop = asyncio.get_running_loop()
+        await super().startup(sockets)
 
-    app = FastAPI(title="pagedjax OpenAI-compatible server", version=pagedjax.__version__)
-    serving = OpenAIServing(llm, served_model_names)
-    app.state.llm = llm
-    app.state.serving = serving
-    engine = llm.engine
-
-    def error(e: OpenAIError) -> JSONResponse:
-        return JSONResponse(e.body(), status_code=e.status)
-
-    def check_key(request: Request) -> None:
-        if not api_key:
+    def handle_exit(self, sig, frame) -> None:
+        if self._signalled or self.loop is None:  # second signal, or before start-up: now
+            self.should_exit = self.force_exit = True
             return
-        auth = request.headers.get("authorization", "")
-        scheme, _, token = auth.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
-                                                                 api_key.encode()):
-            raise OpenAIError("Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
-                              401, param=None, code="invalid_api_key")
+        self._signalled = True
+        self.loop.call_soon_threadsafe(self._on_signal, sig)
 
-    async def read_json(request: Request) -> dict:
-        size = request.headers.get("content-length")
-        if size is not None and size.isdigit() and int(size) > max_body_bytes:
-            raise OpenAIError(f"request body is larger than the limit of {max_body_bytes} bytes.",
-                              413, code="request_too_large")
-        chunks, total = [], 0
-        async for chunk in request.stream():
-            total += len(chunk)
-            if total > max_body_bytes:
-                raise OpenAIError(f"request body is larger than the limit of {max_body_bytes} "
-                                  "bytes.", 413, code="request_too_large")
-            chunks.append(chunk)
-        try:
-            body = json.loads(b"".join(chunks) or b"null")
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise OpenAIError(f"the request body is not valid JSON: {e}", 400) from e
-        if not isinstance(body, dict):
-            raise OpenAIError("the request body must be a JSON object.", 400)
-        return body
 
-    def parse(model_cls, body: dict):
-        try:
-            return model_cls.model_validate(body)
-        except ValidationError as e:
-            msg, field = _pydantic_message(e)
-            raise OpenAIError(msg, 400, param=field) from e
+async def _wait_idle(state: ServerState, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while state.active > 0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return state.active == 0
 
-    async def handle(request: Request, model_cls, method):
-        try:
-            check_key(request)
-            body = await read_json(request)
-            req = parse(model_cls, body)
-            fault = request.headers.get("x-pagedjax-test-fault") if enable_test_hooks else None
-            if fault in ("step", "thread"):
-                llm.inject_step_fault(fault)
-            result = await method(req, request)
-        except OpenAIError as e:
-            return error(e)
-        except ClientDisconnected:
-            return Response(status_code=499)
-        except Exception as e:  # noqa: BLE001 - never let a request take the server down
-            logger.exception("unhandled error")
-            return error(OpenAIError(f"internal server error: {type(e).__name__}: {e}", 500,
-                                     type="server_error"))
-        if isinstance(result, dict):
-            return JSONResponse(result)
-        return StreamingResponse(result, media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
-    @app.exception_handler(404)
-    async def not_found(request, exc):  # unknown routes: OpenAI shape too
-        return error(OpenAIError(f"no route {request.method} {request.url.path}", 404,
-                                 code="not_found"))
+async def drain(server: _Server, llm, state: ServerState, timeout: float,
+                reason: str = "signal") -> None:
+    """Refuse new requests, let in-flight ones finish, end the rest, then stop uvicorn."""
+    state.draining = True
+    logger.warning("shutting down (%s): %d request(s) in flight, waiting up to %g s",
+                   reason, state.active, timeout)
+    if not await _wait_idle(state, timeout):
+        logger.warning("%d request(s) still running after %g s: ending them", state.active,
+                       timeout)
+    # Fails every live stream (error event + [DONE], or 503) and frees its pages.
+    await asyncio.get_running_loop().run_in_executor(None, llm.shutdown)
+    await _wait_idle(state, 10.0)
+    server.should_exit = True
 
-    @app.exception_handler(405)
-    async def bad_method(request, exc):
-        return error(OpenAIError(f"method {request.method} not allowed on {request.url.path}",
-                                 405, code="method_not_allowed"))
 
-    @app.get("/health")
-    async def health():
-        if not llm.is_running:
-            return error(OpenAIError("the engine thread is not running", 503, type="server_error"))
-        return Response(status_code=200)
+def _on_engine_death(server: _Server, llm, state: ServerState):
+    def on_death(err: BaseException) -> None:  # engine thread
+        state.exit_code = 1
 
-    @app.get("/version")
-    async def version():
-        return {"version": pagedjax.__version__}
-
-    @app.get("/metrics")
-    async def prom():
-        from pagedjax.metrics import CONTENT_TYPE_LATEST
-
-        if metrics is None:
-            return Response(b"", media_type=CONTENT_TYPE_LATEST)
-        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
-
-    @app.get("/v1/models")
-    async def models(request: Request):
-        try:
-            check_key(request)
-        except OpenAIError as e:
-            return error(e)
-        cards = [ModelCard(id=name, root=engine.model_name, max_model_len=engine.max_model_len)
-                 .model_dump() for name in served_model_names]
-        return {"object": "list", "data": cards}
-
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        return await handle(request, CompletionRequest, serving.completions)
-
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request):
-        return await handle(request, ChatCompletionRequest, serving.chat)
-
-    return app
+        async def later():
+            await asyncio.sleep(DEATH_GRACE_S)  # /health says 503 meanwhile
+            await drain(server, llm, state, 0.0, reason="engine thread died")
+        if server.loop is not None:
+            server.loop.call_soon_threadsafe(lambda: asyncio.ensure_future(later()))
+    return on_death
 
 
 # ---------------------------------------------------------------------- CLI
@@ -181,8 +102,22 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
                    help="address to bind (default 127.0.0.1; use 0.0.0.0 to expose)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' on /v1 routes "
-                        "(default: $PAGEDJAX_API_KEY or $VLLM_API_KEY)")
+                   help="require 'Authorization: Bearer KEY' on /v1, /metrics and the docs "
+                        "(default: $PAGEDJAX_API_KEY or $VLLM_API_KEY; the environment keeps "
+                        "the key out of the process list)")
+    p.add_argument("--allowed-hosts", nargs="+", default=None, metavar="NAME",
+                   help="on a loopback bind, Host names accepted besides loopback names "
+                        "('*' accepts any); on other binds the Host is not checked")
+    p.add_argument("--allowed-origins", nargs="+", default=None, metavar="ORIGIN",
+                   help="enable CORS for these browser origins (default: CORS off)")
+    p.add_argument("--metrics-without-key", action="store_true",
+                   help="serve /metrics without the API key")
+    p.add_argument("--docs-without-key", action="store_true",
+                   help="serve /docs, /redoc and /openapi.json without the API key")
+    p.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="seconds in-flight requests may run after SIGTERM/SIGINT (default 30)")
+    p.add_argument("--chat-template-timeout", type=float, default=1.0,
+                   help="seconds a client-supplied chat_template may take to render (then 400)")
     p.add_argument("--served-model-name", nargs="+", default=None,
                    help="model name(s) clients use (default: the --model value)")
     p.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
@@ -195,9 +130,21 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     add_engine_args(p, with_model=False)
 
 
-def run_server(ns: argparse.Namespace) -> int:
-    import uvicorn
+def _app_config(ns: argparse.Namespace, names: list[str], metrics) -> AppConfig:
+    api_key = ns.api_key or os.environ.get("PAGEDJAX_API_KEY") or os.environ.get("VLLM_API_KEY")
+    hosts = None
+    if is_loopback(ns.host):
+        hosts = frozenset(h.lower() for h in (ns.allowed_hosts or ()))
+    gate = GateConfig(api_key=api_key, allowed_hosts=hosts,
+                      open_metrics=ns.metrics_without_key, open_docs=ns.docs_without_key)
+    return AppConfig(served_model_names=names, gate=gate, max_body_bytes=ns.max_request_body_bytes,
+                     max_logprobs=ns.max_logprobs, template_time_limit_s=ns.chat_template_timeout,
+                     allowed_origins=ns.allowed_origins, enable_test_hooks=ns.enable_test_hooks,
+                     metrics=metrics)
 
+
+def run_server(ns: argparse.Namespace) -> int:
+    from pagedjax.async_llm import AsyncLLM
     from pagedjax.config import EngineArgs
     from pagedjax.engine import LLMEngine
     from pagedjax.entrypoints.cli import engine_kwargs
@@ -205,7 +152,6 @@ def run_server(ns: argparse.Namespace) -> int:
 
     logging.basicConfig(level=getattr(logging, ns.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    api_key = ns.api_key or os.environ.get("PAGEDJAX_API_KEY") or os.environ.get("VLLM_API_KEY")
     engine = LLMEngine(EngineArgs(model=ns.model, **engine_kwargs(ns)))
     if ns.warmup:
         engine.runner.warmup(progress=True)
@@ -213,17 +159,26 @@ def run_server(ns: argparse.Namespace) -> int:
     metrics = EngineMetrics(names[0])
     llm = AsyncLLM.from_engine(engine, stat_logger=metrics)
     metrics.update_engine(engine, 0)
-    app = build_app(llm, names, api_key=api_key, max_body_bytes=ns.max_request_body_bytes,
-                    metrics=metrics, enable_test_hooks=ns.enable_test_hooks)
-    app.state.serving.max_logprobs = ns.max_logprobs
+    config = _app_config(ns, names, metrics)
+    state = ServerState()
+    app = build_app(llm, config, state)
+    server: _Server
+
+    def on_signal(sig) -> None:
+        asyncio.ensure_future(drain(server, llm, state, ns.shutdown_timeout))
+
+    server = _Server(uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.log_level,
+                                    timeout_graceful_shutdown=5, lifespan="off"), on_signal)
+    llm.add_dead_callback(_on_engine_death(server, llm, state))
     logger.info("serving %s on http://%s:%d (api key %s)", names[0], ns.host, ns.port,
-                "required" if api_key else "off")
+                "required" if config.gate.api_key else "off")
     try:
-        uvicorn.run(app, host=ns.host, port=ns.port, log_level=ns.log_level,
-                    timeout_graceful_shutdown=5)
+        server.run()
     finally:
         llm.shutdown()
-    return 0
+    held = engine.pool_stats().used
+    logger.warning("stopped: %d KV page(s) held, exit status %d", held, state.exit_code)
+    return state.exit_code or (1 if held else 0)
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -47,8 +47,8 @@ class OpenAIServing:
     async def _tokenize(self, prompt: Any) -> dict:
         try:
             text, ids = await self.llm.tokenize(prompt)
-        except ValueError as e:
-            raise OpenAIError(str(e), 400, param="prompt") from e
+        except (ValueError, TypeError, UnicodeError) as e:
+            raise OpenAIError(f"the prompt cannot be tokenized: {e}", 400, param="prompt") from e
         if not ids:
             raise OpenAIError("the prompt is empty; give at least one token", 400, param="prompt")
         return {"prompt": text, "prompt_token_ids": ids}

@@ -1,0 +1,171 @@
+"""The FastAPI application: routes, the OpenAPI document, error shapes.
+
+Request bodies are read and checked by ``request_body`` (in AsyncLLM's worker
+pool: parsing a 4 MB body is CPU work), then handed to ``OpenAIServing``.
+The OpenAPI document declares the request bodies and responses from the
+pydantic models, with every error status a route can answer.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Optional
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from pagedjax.async_llm import AsyncLLM, EngineDeadError, EngineStepError
+from pagedjax.entrypoints.openai import request_body as rb
+from pagedjax.entrypoints.openai import responses as R
+from pagedjax.entrypoints.openai.chat_render import DEFAULT_TIME_LIMIT_S
+from pagedjax.entrypoints.openai.errors import OpenAIError
+from pagedjax.entrypoints.openai.gate import Gate, GateConfig, ServerState
+from pagedjax.entrypoints.openai.jobs import ClientDisconnected, engine_error
+from pagedjax.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelCard
+from pagedjax.entrypoints.openai.serving import OpenAIServing
+
+logger = logging.getLogger("pagedjax.server")
+
+DEFAULT_MAX_BODY_BYTES = 4 * 2**20
+_POST_ERRORS = R.error_responses(400, 401, 403, 404, 413, 415, 500, 503)
+_SSE = {"text/event-stream": {"schema": {"type": "string"},
+                              "example": "data: {...}\n\ndata: [DONE]\n\n"}}
+
+
+@dataclass
+class AppConfig:
+    served_model_names: list[str]
+    gate: GateConfig = field(default_factory=GateConfig)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_logprobs: int = 20
+    template_time_limit_s: float = DEFAULT_TIME_LIMIT_S
+    allowed_origins: Optional[list[str]] = None
+    enable_test_hooks: bool = False
+    metrics: object = None
+
+
+def _body_schema(model_cls) -> dict:
+    return {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": {"$ref": f"#/components/schemas/{model_cls.__name__}"}}}}}
+
+
+def _parse(raw: bytes, model_cls):
+    return rb.validate(model_cls, rb.parse_json(raw))
+
+
+def build_app(llm: AsyncLLM, config: AppConfig, state: Optional[ServerState] = None) -> FastAPI:
+    import pagedjax
+
+    app = FastAPI(title="pagedjax OpenAI-compatible server", version=pagedjax.__version__)
+    state = state or ServerState()
+    serving = OpenAIServing(llm, config.served_model_names, config.max_logprobs,
+                            config.template_time_limit_s)
+    app.state.llm, app.state.serving, app.state.server = llm, serving, state
+    engine = llm.engine
+
+    def error(e: OpenAIError) -> JSONResponse:
+        return JSONResponse(e.body(), status_code=e.status)
+
+    async def handle(request: Request, model_cls, method):
+        try:
+            rb.check_content_type(request.headers.get("content-type"))
+            raw = await rb.read_body(request, config.max_body_bytes)
+            req = await llm.run_in_worker(_parse, raw, model_cls)
+            fault = request.headers.get("x-pagedjax-test-fault") if config.enable_test_hooks \
+                else None
+            if fault in ("step", "thread"):
+                llm.inject_step_fault(fault)
+            result = await method(req, request)
+        except OpenAIError as e:
+            return error(e)
+        except ClientDisconnected:
+            return Response(status_code=499)
+        except (EngineDeadError, EngineStepError) as e:
+            return error(engine_error(e))
+        except Exception as e:  # noqa: BLE001 - never let a request take the server down
+            logger.exception("unhandled error")
+            return error(OpenAIError(f"internal server error: {type(e).__name__}", 500,
+                                     type="server_error"))
+        if isinstance(result, dict):
+            return JSONResponse(result)
+        return StreamingResponse(result, media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    @app.exception_handler(404)
+    async def not_found(request, exc):  # unknown routes: OpenAI shape too
+        return error(OpenAIError(f"no route {request.method} {request.url.path[:100]}", 404,
+                                 code="not_found"))
+
+    @app.exception_handler(405)
+    async def bad_method(request, exc):
+        return error(OpenAIError(f"method {request.method} not allowed on "
+                                 f"{request.url.path[:100]}", 405, code="method_not_allowed"))
+
+    @app.get("/health", responses={200: {"description": "The engine is running."},
+                                   **R.error_responses(503)})
+    async def health():
+        if not llm.is_running:
+            return error(OpenAIError("the engine thread is not running", 503, type="server_error",
+                                     code="service_unavailable"))
+        return Response(status_code=200)
+
+    @app.get("/version", response_model=R.VersionResponse)
+    async def version():
+        return {"version": pagedjax.__version__}
+
+    @app.get("/metrics", responses={200: {"content": {"text/plain": {"schema": {
+        "type": "string"}}}}, **R.error_responses(401)})
+    async def prom():
+        from pagedjax.metrics import CONTENT_TYPE_LATEST
+
+        body = config.metrics.render() if config.metrics is not None else b""
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models", response_model=R.ModelList, responses=R.error_responses(401, 403))
+    async def models():
+        cards = [ModelCard(id=name, root=engine.model_name, max_model_len=engine.max_model_len)
+                 .model_dump() for name in config.served_model_names]
+        return {"object": "list", "data": cards}
+
+    @app.post("/v1/completions", openapi_extra=_body_schema(CompletionRequest),
+              responses={200: {"model": R.CompletionResponse, "content": _SSE},
+                         **_POST_ERRORS})
+    async def completions(request: Request):
+        return await handle(request, CompletionRequest, serving.completions)
+
+    @app.post("/v1/chat/completions", openapi_extra=_body_schema(ChatCompletionRequest),
+              responses={200: {"model": R.ChatCompletionResponse, "content": _SSE},
+                         **_POST_ERRORS})
+    async def chat(request: Request):
+        return await handle(request, ChatCompletionRequest, serving.chat)
+
+    _add_request_schemas(app)
+    app.add_middleware(Gate, config=config.gate, state=state)
+    if config.allowed_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=config.allowed_origins,
+                           allow_methods=["GET", "POST", "OPTIONS"],
+                           allow_headers=["Authorization", "Content-Type"])
+    return app
+
+
+def _add_request_schemas(app: FastAPI) -> None:
+    """Put the request models into components/schemas of the generated document."""
+    base_openapi = app.openapi
+
+    def openapi():
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        doc = base_openapi()
+        schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+        for cls in (CompletionRequest, ChatCompletionRequest):
+            s = cls.model_json_schema(ref_template="#/components/schemas/{model}",
+                                      mode="validation")
+            schemas.update(s.pop("$defs", {}))
+            schemas[cls.__name__] = s
+        app.openapi_schema = doc
+        return doc
+
+    app.openapi = openapi
