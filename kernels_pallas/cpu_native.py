@@ -68,8 +68,9 @@ def _cpu_tag() -> str:
         return platform.processor()
 
 
-def build(verbose: bool = False) -> Path:
-    """Compile the kernel (or find it in the cache); returns the shared library's path.
+def build(verbose: bool = False, source: Path = SOURCE, name: str = "cpu_kernels") -> Path:
+    """Compile ``source`` (default: the kernels) or find it in the cache; returns the
+    shared library's path (``<cache>/native/<name>_<key>.so``).
 
     Raises RuntimeError with the compiler's message when it cannot be built.
     """
@@ -77,7 +78,7 @@ def build(verbose: bool = False) -> Path:
     if cxx is None:
         raise RuntimeError("no C++ compiler found (set $CXX or install g++)")
     include = jax.ffi.include_dir()
-    src = SOURCE.read_bytes()
+    src = Path(source).read_bytes()
     flag_sets = [["-O3", "-march=native"], ["-O3"]]
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True,
                              timeout=60).stdout
@@ -88,13 +89,13 @@ def build(verbose: bool = False) -> Path:
         key = hashlib.sha256(b"\0".join([
             src, " ".join(args).encode(), version.encode(), jax.__version__.encode(),
             platform.machine().encode(), _cpu_tag().encode()])).hexdigest()[:20]
-        so = out_dir / f"cpu_kernels_{key}.so"
+        so = out_dir / f"{name}_{key}.so"
         if so.exists():
             return so
         out_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
             tmp_so = Path(tmp) / so.name
-            cmd = [cxx, *args, str(SOURCE), "-o", str(tmp_so)]
+            cmd = [cxx, *args, str(source), "-o", str(tmp_so)]
             try:
                 r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
             except subprocess.TimeoutExpired:
@@ -106,7 +107,7 @@ def build(verbose: bool = False) -> Path:
                 os.replace(tmp_so, so)  # atomic: concurrent builders agree
                 return so
             errors.append(f"$ {' '.join(cmd)}\n{r.stderr[-2000:]}")
-    raise RuntimeError("building the C++ CPU kernels failed:\n" + "\n".join(errors))
+    raise RuntimeError(f"building the C++ CPU kernels failed ({Path(source).name}):\n" + "\n".join(errors))
 
 
 def _load():

@@ -446,15 +446,48 @@ def sampling_probs(logits: jax.Array, st: SamplingTensors) -> jax.Array:
     return jnp.where(st.greedy[:, None], onehot, e / e.sum(-1, keepdims=True))
 
 
+def resolve_backend(backend: str = "auto") -> str:
+    """"native" (the C++ draw, kernels_pallas/cpu_sampler.py) or "xla" (jnp).
+
+    ``auto``: native on the CPU platform when the C++ sampler builds, else xla.
+    """
+    if backend not in ("auto", "native", "xla"):
+        raise ValueError(f"backend: expected 'auto', 'native' or 'xla', got {backend!r}")
+    if backend == "auto":
+        from kernels_pallas import cpu_sampler
+
+        native = jax.default_backend() == "cpu" and cpu_sampler.available()
+        return "native" if native else "xla"
+    return backend
+
+
+def variant_key(st: SamplingTensors) -> tuple:
+    """The static feature flags that select a compiled sampler variant."""
+    return tuple(getattr(st, f) for f in _META)
+
+
 def sample(logits: jax.Array, st: SamplingTensors,
-           num_logprobs: Optional[int] = None) -> SamplerOutput:
-    """Sample one token per row. logits f32[R, V]; num_logprobs static.
+           num_logprobs: Optional[int] = None, *, backend: str = "auto") -> SamplerOutput:
+    """Sample one token per row. logits f32[R, V]; num_logprobs and backend static.
 
     ``num_logprobs=None`` skips logprob work (logprob/rank are zeros);
     0 gives the sampled token's logprob and rank; k > 0 adds the top k.
+    ``backend``: see ``resolve_backend``; both follow the same rules and use
+    the same per-row uniforms, so a seeded row draws the same token on either
+    except where float rounding puts a uniform within ~1e-6 of a boundary.
     """
     raw = logits.astype(jnp.float32)
-    best, e = _weights(process_logits(raw, st), st)
+    x = process_logits(raw, st)
+    if resolve_backend(backend) == "native":
+        from kernels_pallas import cpu_sampler
+
+        R = x.shape[0]
+        u = (jnp.zeros(R, jnp.float32) if st.all_greedy
+             else _row_uniforms(st.key_data, st.counter))
+        tok = cpu_sampler.sample(x, st.temperature, st.greedy, st.top_k, st.top_p, st.min_p, u)
+        lp, rank, ti, tl = _logprob_outputs(raw, tok, num_logprobs)
+        return SamplerOutput(tok, lp, rank, ti, tl)
+    best, e = _weights(x, st)
     if e is None:
         tok = best
     else:
@@ -472,5 +505,5 @@ def prompt_logprobs(logits: jax.Array, next_token_ids: jax.Array, k: int):
     return _token_logprobs(logits.astype(jnp.float32), next_token_ids.astype(jnp.int32), k)
 
 
-sample_jit = jax.jit(sample, static_argnames=("num_logprobs",))
+sample_jit = jax.jit(sample, static_argnames=("num_logprobs", "backend"))
 prompt_logprobs_jit = jax.jit(prompt_logprobs, static_argnames=("k",))

@@ -5,9 +5,13 @@ import pytest
 
 from pagedjax.sampler import (TOPK_CAP, RowState, build_sampling_tensors, process_logits,
                               prompt_logprobs, sample, sample_jit, sampling_probs)
+from kernels_pallas import cpu_sampler
 from pagedjax.sampling_params import SamplingParams as SP
 
 V = 64
+# Both draw paths: jnp ("xla") and the C++ sampler ("native", where it builds).
+BACKENDS = ["xla", pytest.param("native", marks=pytest.mark.skipif(
+    not cpu_sampler.available(), reason=f"C++ sampler: {cpu_sampler.unavailable_reason()}"))]
 
 
 def _rows(params_list, prompt=(1, 2, 3), output=(), seeds=None, **kw):
@@ -31,19 +35,21 @@ def _log_softmax(x):
     return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
 
 
-def test_greedy_is_argmax_and_padding_rows():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_greedy_is_argmax_and_padding_rows(backend):
     x = _logits(6)
     st = _st(_rows([SP(temperature=0)] * 4), R=6)
     assert st.all_greedy
-    out = sample_jit(x, st)
+    out = sample_jit(x, st, backend=backend)
     np.testing.assert_array_equal(out.token_ids, np.argmax(np.asarray(x), -1))
 
 
-def test_temperature_distribution_matches_softmax():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_temperature_distribution_matches_softmax(backend):
     n, v, T = 20000, 6, 0.7
     x = jnp.tile(jnp.array([[1.0, 0.5, 0.0, -0.5, 2.0, -3.0]]), (n, 1))
     st = build_sampling_tensors(_rows([SP(temperature=T)] * n), n, v, 8)
-    toks = np.asarray(sample_jit(x, st).token_ids)
+    toks = np.asarray(sample_jit(x, st, backend=backend).token_ids)
     p = np.exp(_log_softmax(np.asarray(x[0]) / T))
     counts = np.bincount(toks, minlength=v)
     chi2 = ((counts - n * p) ** 2 / (n * p)).sum()
@@ -68,8 +74,9 @@ def _ref_support(x, T, k, p, min_p):
     return np.isfinite(z)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("vocab", [V, 4 * TOPK_CAP])  # the second exercises the slow path
-def test_top_k_top_p_min_p_support(vocab):
+def test_top_k_top_p_min_p_support(vocab, backend):
     cases = [dict(top_k=5), dict(top_p=0.5), dict(top_p=0.9, top_k=20), dict(min_p=0.2),
              dict(min_p=0.05, top_p=0.8), dict(top_k=1), dict(top_p=0.999),
              dict(top_k=vocab // 2 + 1, top_p=0.95), dict(top_k=vocab - 3)]
@@ -83,7 +90,7 @@ def test_top_k_top_p_min_p_support(vocab):
         z = np.asarray(x[r], np.float64) / p.temperature
         ref = np.where(want, np.exp(z - z.max()), 0)
         np.testing.assert_allclose(probs[r], ref / ref.sum(), rtol=1e-4, atol=1e-7)
-    toks = np.asarray(sample_jit(x, st).token_ids)
+    toks = np.asarray(sample_jit(x, st, backend=backend).token_ids)
     assert all(probs[r, t] > 0 for r, t in enumerate(toks))
 
 
@@ -105,7 +112,8 @@ def test_penalties_match_numpy_reference():
         np.testing.assert_allclose(got[r], ref, rtol=1e-6, atol=1e-6)
 
 
-def test_logit_bias_bans_allowed_and_min_tokens():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_logit_bias_bans_allowed_and_min_tokens(backend):
     x = jnp.zeros((5, V)).at[:, 0].set(10.0)
     params = [SP(temperature=0, logit_bias={5: 50.0}),
               SP(temperature=0, min_tokens=3, stop_token_ids=[0]),
@@ -117,14 +125,15 @@ def test_logit_bias_bans_allowed_and_min_tokens():
     rows[4].bad_words_token_ids = [[0], [8, 1]]  # one-token word, and "8 1" after 8
     st = _st(rows)
     assert st.use_edits and st.use_allowed and st.all_greedy
-    toks = np.asarray(sample_jit(x, st).token_ids)
+    toks = np.asarray(sample_jit(x, st, backend=backend).token_ids)
     assert toks[0] == 5 and toks[1] != 0 and toks[2] == 0 and toks[3] in (9, 33)
     probs = np.asarray(process_logits(x, st))
     assert np.isneginf(probs[4, [0, 1]]).all() and np.isfinite(probs[4, 2:]).all()
     assert np.isfinite(probs[3]).sum() == 2
 
 
-def test_seeded_row_independent_of_position_and_neighbours():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_seeded_row_independent_of_position_and_neighbours(backend):
     base = np.asarray(_logits(1, seed=5, scale=0.5))[0]
     for seed, n_out in [(42, 0), (42, 7), (2**40 + 3, 1), (-5, 2)]:
         got = []
@@ -135,20 +144,21 @@ def test_seeded_row_independent_of_position_and_neighbours():
             ps[pos] = SP(temperature=1.0, seed=seed)
             rows = _rows(ps, output=[1] * 3)
             rows[pos] = RowState(ps[pos], [1, 2], [1] * n_out)
-            got.append(int(sample_jit(jnp.asarray(x), _st(rows)).token_ids[pos]))
+            got.append(int(sample_jit(jnp.asarray(x), _st(rows), backend=backend).token_ids[pos]))
         assert len(set(got)) == 1, (seed, got)
     # and the seed matters
     x = jnp.tile(jnp.asarray(base)[None], (32, 1))
-    toks = sample_jit(x, _st(_rows([SP(seed=s) for s in range(32)]))).token_ids
+    toks = sample_jit(x, _st(_rows([SP(seed=s) for s in range(32)])), backend=backend).token_ids
     assert len(set(np.asarray(toks).tolist())) > 5
 
 
-def test_logprobs_and_ranks_match_numpy():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_logprobs_and_ranks_match_numpy(backend):
     x = _logits(5)
     params = [SP(temperature=0), SP(temperature=0.8, logit_bias={3: 5.0}), SP(top_k=3),
               SP(temperature=0, repetition_penalty=2.0), SP(seed=1)]
     st = _st(_rows(params, output=[0, 1]))
-    out = sample_jit(x, st, num_logprobs=4)
+    out = sample_jit(x, st, num_logprobs=4, backend=backend)
     ref = _log_softmax(np.asarray(x))
     toks = np.asarray(out.token_ids)
     for r in range(5):
@@ -158,7 +168,7 @@ def test_logprobs_and_ranks_match_numpy():
         np.testing.assert_array_equal(out.topk_ids[r], np.argsort(-ref[r])[:4])
         np.testing.assert_allclose(out.topk_logprobs[r], np.sort(ref[r])[::-1][:4], atol=1e-5)
     assert out.topk_ids.shape == (5, 4)
-    out0 = sample_jit(x, st, num_logprobs=0)
+    out0 = sample_jit(x, st, num_logprobs=0, backend=backend)
     assert out0.topk_ids.shape == (5, 0)
     np.testing.assert_allclose(out0.logprob, out.logprob)
 
