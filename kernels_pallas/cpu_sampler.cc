@@ -87,10 +87,11 @@ inline int bucket_of(float e) {
 }
 
 constexpr int64_t kBlock = 256;  // draw: block sums first, then one block's running sum
+constexpr int kHist = 4;         // interleaved histogram copies (see histogram())
 
 struct Row {
   std::vector<float> z, e;       // z after min-p (-inf = dropped); e = exp(z - m)
-  std::vector<float> mass;       // histogram of e: mass or count per bucket
+  std::vector<float> mass;       // histogram of e: mass or count per bucket (kHist copies)
   std::vector<int32_t> count;
   std::vector<float> block;      // kept mass per block of kBlock logits
   std::vector<std::pair<float, float>> cand;  // (z, e) of the bucket holding a cut
@@ -98,8 +99,8 @@ struct Row {
     if (int64_t(z.size()) == V) return;
     z.resize(V);
     e.resize(V);
-    mass.resize(kBuckets);
-    count.resize(kBuckets);
+    mass.resize(kHist * kBuckets);
+    count.resize(kHist * kBuckets);
     block.resize((V + kBlock - 1) / kBlock);
   }
 };
@@ -176,23 +177,31 @@ float cut(Row& w, int64_t V, double target, bool by_count, float floor) {
 }
 
 // Histogram of e over elements with z >= floor: counts (top-k) or mass (top-p).
+// kHist interleaved copies, merged into copy 0 at the end: a language model's
+// tail puts long runs of logits into one bucket, and one copy would chain every
+// update of that bucket through a store and a reload.
 void histogram(Row& w, int64_t V, float floor, bool by_count) {
   const float* z = w.z.data();
   const float* e = w.e.data();
-  if (by_count) {
+  int64_t i = 0;
+  if (by_count) {  // top-k: floor is -inf
     int32_t* c = w.count.data();
-    std::fill(c, c + kBuckets, 0);
-    for (int64_t i = 0; i < V; ++i) c[bucket_of(e[i])] += 1;  // floor is -inf for top-k
+    std::fill(w.count.begin(), w.count.end(), 0);
+    for (; i + kHist <= V; i += kHist)
+      for (int h = 0; h < kHist; ++h) c[h * kBuckets + bucket_of(e[i + h])] += 1;
+    for (; i < V; ++i) c[bucket_of(e[i])] += 1;
+    for (int h = 1; h < kHist; ++h)
+      for (int b = 0; b < kBuckets; ++b) c[b] += c[h * kBuckets + b];
     return;
   }
   float* m = w.mass.data();
-  std::fill(m, m + kBuckets, 0.0f);
-  if (floor == -INFINITY) {
-    for (int64_t i = 0; i < V; ++i) m[bucket_of(e[i])] += e[i];
-  } else {
-    for (int64_t i = 0; i < V; ++i)
-      if (z[i] >= floor) m[bucket_of(e[i])] += e[i];
-  }
+  std::fill(w.mass.begin(), w.mass.end(), 0.0f);
+  for (; i + kHist <= V; i += kHist)
+    for (int h = 0; h < kHist; ++h)
+      m[h * kBuckets + bucket_of(e[i + h])] += z[i + h] >= floor ? e[i + h] : 0.0f;
+  for (; i < V; ++i) m[bucket_of(e[i])] += z[i] >= floor ? e[i] : 0.0f;
+  for (int h = 1; h < kHist; ++h)
+    for (int b = 0; b < kBuckets; ++b) m[b] += m[h * kBuckets + b];
 }
 
 // Kept mass (z >= thr) per block of kBlock, 8 lanes at a time; returns the total.

@@ -130,3 +130,18 @@ def test_step_floor_prices_a_profile():
     # 3 x 10 ms + 2 x 20 ms (2 rows priced at the next measured size, 4) + 400 ms x 256/512
     assert got["no_attention_floor_s"] == pytest.approx(0.030 + 0.040 + 0.200)
     assert got["measured_step_s"] == pytest.approx(2.0)
+
+
+def test_sampler_benchmark_smoke(tiny_folder, tmp_path):
+    from benchmarks import sampler as bench
+
+    out = tmp_path / "sampler.json"
+    rc = bench.main(["--model", tiny_folder, "--rows", "8", "--logits", "flat", "--step-rows", "8",
+                     "--context", "32", "--reps", "1", "--json", str(out)])
+    assert rc == 0
+    rep = json.loads(out.read_text())
+    assert rep["vocab"] == 512 and rep["model_step"]["step_ms"] > 0
+    got = {(r["logits"], r["rows"], r["mode"]) for r in rep["results"]}
+    assert got == {("flat", 8, m) for m in bench.MODES}
+    assert bench.make_logits("peaked", 2, 512).shape == (2, 512)
+    assert all(r["before_ms"] > 0 and r.get("after_ms", 1) > 0 for r in rep["results"])
