@@ -1,0 +1,268 @@
+"""Where a decode step's time goes, per batch size, next to the same run's matmul floor.
+
+    python benchmarks/step_profile.py                     # default model, 16/64/128/256 rows
+    python benchmarks/step_profile.py --rows 64,128 --context 256
+
+For each row count R (every row one new token at ``--context`` tokens of
+context, on its own pages), in one process:
+
+* **step**: a whole greedy decode step as the engine runs it
+  (``Runner.execute``: host preparation, host->device copy, the model, the
+  sampler, device->host copy);
+* **model**: the jitted forward + logits of the step (KV pool donated);
+  **no attention**: the same with attention replaced by the identity;
+  attention = model - no attention;
+* **LM head**: the model's ``compute_logits`` on R hidden rows, alone;
+* **KV write**: ``write_kv`` of R tokens into a page pool, once per layer;
+* **sampling**: the sampler on R rows of logits, greedy and top-p 0.95;
+* **matmul floor**: the same-shape matmul chain (every layer's qkv, o,
+  gate/up and down projections, then the LM head) on random weights, with
+  XLA's dot and with the C++ kernel (kernels_pallas/cpu_native.cc); the floor
+  is the faster of the two, per part;
+* derived: **norms/rotary/elementwise** = no attention - layer matmuls (the
+  path the runner uses at R rows) - LM head - KV write; **dispatch/transfer/
+  host** = step - model - greedy sampling.
+
+Each figure is the median of ``--reps`` calls. The step is quoted as a
+multiple of the floor (the issue's goal: within 1.4x at 64 and 128 rows).
+Prints a table and writes JSON (default benchmarks/results/step_profile.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import machine  # noqa: E402
+from benchmarks.sampler import _median_ms  # noqa: E402
+from benchmarks.throughput import write_json  # noqa: E402
+
+DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                            "step_profile.json")
+
+
+def _rows(n: int, context: int, page_size: int):
+    from pagedjax.scheduler import ScheduledRow
+
+    per = -(-context // page_size)
+    return [ScheduledRow(f"r{i}", [1], context - 1, list(range(1 + i * per, 1 + (i + 1) * per)))
+            for i in range(n)]
+
+
+def matmul_floor(shapes: dict, rows: int, reps: int) -> dict:
+    """Layer matmuls and the LM head on random weights of the model's shapes, XLA and C++."""
+    import jax
+    import jax.numpy as jnp
+
+    from kernels_pallas import cpu_native
+
+    rng = np.random.default_rng(0)
+    h, inter, qkv, o_in, layers, vocab = (shapes[k] for k in (
+        "hidden", "intermediate", "qkv", "o_in", "layers", "vocab"))
+
+    def w(*shape):
+        return jnp.asarray(rng.standard_normal(shape, np.float32) * 0.05)
+
+    ws = [(w(h, qkv), w(o_in, h), w(h, 2 * inter), w(inter, h)) for _ in range(layers)]
+    emb = w(vocab, h)
+
+    def chain(mm):
+        def f(x, ws):
+            for a, b, c, d in ws:
+                q = mm(x, a)
+                x = x + mm(q[:, :o_in], b) * 0.01
+                gu = mm(x, c)
+                x = x + mm(gu[:, :inter] * gu[:, inter:], d) * 0.01
+            return x
+        return jax.jit(f)
+
+    x = jnp.asarray(rng.standard_normal((rows, h), np.float32))
+    xla_chain, xla_head = chain(lambda a, b: a @ b), jax.jit(lambda x, e: x @ e.T)
+    out = {"layers_xla_ms": _median_ms(lambda: xla_chain(x, ws).block_until_ready(), reps),
+           "lm_head_xla_ms": _median_ms(lambda: xla_head(x, emb).block_until_ready(), reps)}
+    if cpu_native.available() and cpu_native.fast_matmul():
+        cpp_chain = chain(cpu_native.matmul)
+        cpp_head = jax.jit(lambda x, e: cpu_native.matmul(x, e, transposed=True))
+        out["layers_cpp_ms"] = _median_ms(lambda: cpp_chain(x, ws).block_until_ready(), reps)
+        out["lm_head_cpp_ms"] = _median_ms(lambda: cpp_head(x, emb).block_until_ready(), reps)
+    out["layers_floor_ms"] = min(v for k, v in out.items() if k.startswith("layers_"))
+    out["lm_head_floor_ms"] = min(v for k, v in out.items() if k.startswith("lm_head_"))
+    out["floor_ms"] = out["layers_floor_ms"] + out["lm_head_floor_ms"]
+    return out
+
+
+def model_step_fns(runner):
+    """(full, no-attention) jitted model parts of a step, traced as the runner traces its step."""
+    import jax
+
+    model = runner.model
+    if not hasattr(model, "attention_fn"):
+        raise SystemExit(f"{type(model).__name__} has no attention_fn hook; use a Llama-family model")
+
+    def step_fn(attention_fn):
+        def f(params, kv, batch):
+            saved = model.attention_fn  # the hook is read while tracing
+            model.attention_fn = attention_fn
+            try:
+                with runner.matmul_context():
+                    hidden, kv = model.forward(params, kv, batch.token_ids, batch.meta)
+                    logits = model.compute_logits(params, hidden[batch.logits_index])
+            finally:
+                model.attention_fn = saved
+            return logits, kv
+        return jax.jit(f, donate_argnums=(1,))
+
+    return step_fn(model.attention_fn), step_fn(lambda q, *a, **k: q)
+
+
+def parts(runner, rows: int, context: int, reps: int) -> dict:
+    """The model-side parts of a decode step of ``rows`` rows (see the module docstring)."""
+    import jax
+    import jax.numpy as jnp
+
+    from kernels_pallas import write_kv
+    from pagedjax.runner import SampleRow
+    from pagedjax.sampler import RowState, build_sampling_tensors, sample_jit
+    from pagedjax.sampling_params import SamplingParams
+
+    sched = _rows(rows, context, runner.page_size)
+    greedy = SamplingParams(temperature=0.0)
+    srows = [SampleRow(r.request_id, i, RowState(greedy, [1], []), None)
+             for i, r in enumerate(sched)]
+    res = {"rows": rows, "context": context,
+           "step_ms": _median_ms(lambda: runner.execute(sched, srows), reps)}
+    batch = jax.device_put(runner.prepare(sched, [], {}, {})[0])
+    full, bare = model_step_fns(runner)
+
+    def run(fn):
+        logits, runner.kv_caches = fn(runner.params, runner.kv_caches, batch)
+        jax.block_until_ready(logits)
+
+    res["model_ms"] = _median_ms(lambda: run(full), reps)
+    res["no_attention_ms"] = _median_ms(lambda: run(bare), reps)
+    info = runner.model.info
+    hid = jnp.asarray(np.random.default_rng(0).standard_normal((rows, info.hidden_size)),
+                      info.dtype)
+    logits_fn = jax.jit(runner.model.compute_logits)
+    res["lm_head_ms"] = _median_ms(lambda: logits_fn(runner.params, hid).block_until_ready(), reps)
+
+    pages = jnp.zeros((rows * -(-context // 16) + 1, 2, info.num_kv_heads, 16, info.head_dim),
+                      jnp.float32)
+    kv = jnp.ones((rows, info.num_kv_heads, info.head_dim), jnp.float32)
+    slots = jnp.asarray(np.arange(rows) * (-(-context // 16)) * 16 + 16 + (context - 1) % 16,
+                        jnp.int32)
+
+    @jax.jit
+    def writes(p, k):
+        for i in range(info.num_layers):
+            p = write_kv(p, None, k + i, k - i, slots)[0]
+        return p
+
+    res["kv_write_ms"] = _median_ms(lambda: writes(pages, kv).block_until_ready(), reps)
+    logits = jnp.asarray(np.random.default_rng(1).standard_normal((rows, info.vocab_size)) * 3,
+                         jnp.float32)
+    for name, kw in (("greedy", dict(temperature=0.0)), ("top_p", dict(temperature=0.8,
+                                                                      top_p=0.95))):
+        st = jax.device_put(build_sampling_tensors(
+            [RowState(SamplingParams(**kw), [1], [], fallback_seed=i) for i in range(rows)],
+            rows, info.vocab_size, 8))
+        res[f"sample_{name}_ms"] = _median_ms(
+            lambda: jax.block_until_ready(sample_jit(logits, st)), reps)
+    return res
+
+
+def derive(p: dict, floor: dict, native_rows: int) -> dict:
+    """Attention, elementwise and dispatch by difference; the step against the floor."""
+    used = "layers_cpp_ms" if p["rows"] <= native_rows and "layers_cpp_ms" in floor \
+        else "layers_xla_ms"
+    d = {"layers_matmul_ms": floor[used], "layers_matmul_path": used[7:10],
+         "attention_ms": p["model_ms"] - p["no_attention_ms"],
+         "elementwise_ms": p["no_attention_ms"] - floor[used] - p["lm_head_ms"] - p["kv_write_ms"],
+         "dispatch_host_ms": p["step_ms"] - p["model_ms"] - p["sample_greedy_ms"],
+         "step_over_floor": p["step_ms"] / floor["floor_ms"],
+         "floor_tok_s": 1000 * p["rows"] / floor["floor_ms"],
+         "step_tok_s": 1000 * p["rows"] / p["step_ms"]}
+    return d
+
+
+COLUMNS = [("step", "step_ms"), ("model", "model_ms"), ("attn", "attention_ms"),
+           ("layer mm", "layers_matmul_ms"), ("LM head", "lm_head_ms"), ("KV write", "kv_write_ms"),
+           ("elemwise", "elementwise_ms"), ("greedy", "sample_greedy_ms"),
+           ("top-p", "sample_top_p_ms"), ("host/disp", "dispatch_host_ms"), ("floor", "floor_ms")]
+
+
+def print_table(report: dict) -> None:
+    print(f"\ndecode step at {report['context']} tokens of context, ms (median of "
+          f"{report['args']['reps']}); floor = layer matmuls + LM head, the faster of XLA and C++")
+    hdr = f"{'rows':>5} " + " ".join(f"{c:>9}" for c, _ in COLUMNS) + f" {'step/floor':>10}"
+    print(hdr)
+    print("-" * len(hdr))
+    for r in report["steps"]:
+        print(f"{r['rows']:>5} " + " ".join(f"{r[k]:>9.1f}" for _, k in COLUMNS)
+              + f" {r['step_over_floor']:>9.2f}x")
+    print("matmul floor parts (ms): " + "; ".join(
+        f"{r['rows']} rows: layers XLA {r['floor']['layers_xla_ms']:.1f}"
+        + (f" / C++ {r['floor']['layers_cpp_ms']:.1f}" if "layers_cpp_ms" in r["floor"] else "")
+        + f", LM head XLA {r['floor']['lm_head_xla_ms']:.1f}"
+        + (f" / C++ {r['floor']['lm_head_cpp_ms']:.1f}" if "lm_head_cpp_ms" in r["floor"] else "")
+        for r in report["steps"]))
+    print(f"machine: {machine.describe(report['machine'])}; load at the end "
+          f"{report['machine']['loadavg_end']}")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None)
+    p.add_argument("--rows", default="16,64,128,256", help="decode row counts")
+    p.add_argument("--context", type=int, default=192, help="tokens of context per row")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--attention-backend", default="auto")
+    p.add_argument("--json", default=DEFAULT_JSON)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    ns = parse_args(argv)
+    import jax
+
+    from models import resolve_model
+    from pagedjax import LLM
+
+    rows_list = [int(x) for x in ns.rows.split(",")]
+    s_max = max(rows_list)
+    per = -(-ns.context // 16)
+    llm = LLM(model=ns.model, max_model_len=ns.context + 16, max_num_seqs=s_max,
+              enforce_eager=True, attention_backend=ns.attention_backend,
+              num_pages=s_max * per + 8)
+    runner = llm.llm_engine.runner
+    info, cfg = runner.model.info, resolve_model(ns.model).hf_config
+    shapes = {"hidden": info.hidden_size, "intermediate": int(cfg["intermediate_size"]),
+              "qkv": (info.num_q_heads + 2 * info.num_kv_heads) * info.head_dim,
+              "o_in": info.num_q_heads * info.head_dim, "layers": info.num_layers,
+              "vocab": info.vocab_size}
+    native_rows = runner.NATIVE_MATMUL_MAX_ROWS if runner.attn_backend == "cpu_native" else 0
+    report = {"benchmark": "step_profile", "args": vars(ns), "date": time.strftime("%Y-%m-%d %H:%M"),
+              "machine": machine.machine(), "jax_backend": jax.default_backend(),
+              "attention_backend": runner.attn_backend, "native_matmul_max_rows": native_rows,
+              "context": ns.context, "shapes": shapes, "steps": []}
+    for r in rows_list:
+        print(f"{r} rows ...", flush=True)
+        p = parts(runner, r, ns.context, ns.reps)
+        floor = matmul_floor(shapes, r, ns.reps)
+        p.update(floor_ms=floor["floor_ms"], floor=floor, **derive(p, floor, native_rows))
+        report["steps"].append(p)
+    report["machine"]["loadavg_end"] = machine.loadavg()
+    print_table(report)
+    write_json(report, ns.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
