@@ -658,8 +658,9 @@ void part_nn(const MatmulWork& mw, int64_t k0, int64_t k1, float* out) {
 // memory once serves all rows and the outputs are touched once per block.
 void block_packed(const MatmulWork& mw, int64_t n0, int64_t n1, float* pack) {
   const int64_t M = mw.M, K = mw.K, N = mw.N;
-  const int64_t n16 = (n1 - n0) & ~int64_t(15);
+  int64_t n16 = 0;  // without AVX2 every column goes to scalar_columns
 #ifdef PAGEDJAX_AVX2
+  n16 = (n1 - n0) & ~int64_t(15);
   for (int64_t k0 = 0; k0 < K; k0 += kPKC) {
     const int64_t kc = std::min(kPKC, K - k0);
     for (int64_t k = 0; k < kc; ++k) {
@@ -818,6 +819,62 @@ ffi::Error MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
 }
 
 }  // namespace
+
+namespace {
+
+// Runs the matmul paths once on a small problem against a plain loop: 0 = fine.
+int self_test_matmul(int64_t M, int64_t K, int64_t N, bool transposed) {
+  std::vector<float> x(M * K), w(K * N), y(M * N), ref(M * N, 0.0f);
+  for (int64_t i = 0; i < M * K; ++i) x[i] = float((i * 7) % 13) * 0.25f - 1.5f;
+  for (int64_t i = 0; i < K * N; ++i) w[i] = float((i * 5) % 11) * 0.125f - 0.5f;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k)
+        ref[m * N + n] += x[m * K + k] * (transposed ? w[n * K + k] : w[k * N + n]);
+  MatmulWork mw;
+  mw.x = x.data();
+  mw.w = w.data();
+  mw.y = y.data();
+  mw.M = M;
+  mw.K = K;
+  mw.N = N;
+  mw.transposed = transposed;
+  if (transposed) {
+    mw.n_tasks = (N + kNB - 1) / kNB;
+  } else if (M > kMG) {
+    mw.packed = true;
+    mw.n_tasks = (N + kPNC - 1) / kPNC;
+  } else {
+    mw.n_tasks = 1;
+  }
+  mw.run();
+  for (int64_t i = 0; i < M * N; ++i)
+    if (std::fabs(y[i] - ref[i]) > 1e-3f * (1.0f + std::fabs(ref[i]))) return 1;
+  return 0;
+}
+
+}  // namespace
+
+// Run once in a child process right after a build (kernels_pallas/cpu_native.py):
+// executes the vectorized paths this build was compiled with, so an instruction
+// the CPU or the OS does not support kills the child, not the user's process.
+// 0 when every result matches a plain loop.
+extern "C" int PagedjaxSelfTest() {
+  int bad = 0;
+  bad |= self_test_matmul(3, 40, 37, false);    // few rows: K parts, 16-column tiles
+  bad |= self_test_matmul(12, 300, 70, false);  // packed blocks
+  bad |= self_test_matmul(5, 64, 9, true);      // w [N, K]
+#if defined(__AVX512F__) && defined(PAGEDJAX_AVX2)
+  {  // -march=native turned AVX-512 on: make sure the OS lets it run
+    volatile float in[16] = {1.0f};
+    float out[16];
+    __m512 v = _mm512_loadu_ps(const_cast<const float*>(in));
+    _mm512_storeu_ps(out, _mm512_add_ps(v, v));
+    bad |= out[0] != 2.0f;
+  }
+#endif
+  return bad;
+}
 
 // 1 when the matmul has its vectorized paths (x86-64 with AVX2 + FMA); the
 // portable fallback is scalar, and the runner then keeps XLA's matmuls.

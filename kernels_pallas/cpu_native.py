@@ -3,7 +3,11 @@ the few-row matmuls of decode steps.
 
 The source (``cpu_native.cc``, next to this file) is compiled on first use
 with the system C++ compiler (``$CXX``, else ``g++``/``c++``/``clang++``)
-against the FFI headers jaxlib ships, and the shared library is cached under
+against the FFI headers jaxlib ships -- first for this CPU's full instruction
+set (``-march=native``: AVX-512 where the CPU has it), then AVX2 + FMA, then
+portable code; a build is used only after its self-test ran in a child process
+(a flag in /proc/cpuinfo is no proof that the OS lets an instruction run) --
+and the shared library is cached under
 ``$PAGEDJAX_CACHE_DIR`` (default ``~/.cache/pagedjax``), keyed by the source,
 the compiler, the flags, the jaxlib version and the CPU. A build takes a few
 seconds once per machine. Without a compiler, ``available()`` is False and
@@ -25,6 +29,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -68,30 +73,75 @@ def _cpu_tag() -> str:
         return platform.processor()
 
 
-def build(verbose: bool = False, source: Path = SOURCE, name: str = "cpu_kernels") -> Path:
+def default_flag_sets() -> list[list[str]]:
+    """Compiler flags to try, best first: the build machine's full instruction set,
+    then (x86-64) AVX2 + FMA, then portable code. Each build must pass its
+    self-test in a child process before it is used (see ``build``)."""
+    sets = [["-O3", "-march=native"]]
+    if platform.machine() in ("x86_64", "AMD64"):
+        sets.append(["-O3", "-mavx2", "-mfma"])
+    sets.append(["-O3"])
+    return sets
+
+
+def _self_test(so: Path) -> str | None:
+    """Load ``so`` in a child process and run its PagedjaxSelfTest; None when it passed,
+    else why not (a CPU or OS without an instruction the build used kills the child)."""
+    code = ("import ctypes, sys\n"
+            "sys.exit(ctypes.CDLL(sys.argv[1]).PagedjaxSelfTest())\n")
+    try:
+        r = subprocess.run([sys.executable, "-c", code, str(so)], capture_output=True,
+                           text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return "self-test timed out after 120 s"
+    if r.returncode == 0:
+        return None
+    if r.returncode < 0:
+        return f"self-test killed by signal {-r.returncode} (an unsupported instruction?)"
+    return f"self-test failed (exit {r.returncode}) {r.stderr[-500:]}"
+
+
+_builds: dict = {}  # name -> {"so", "flags", "rejected": [(flags, reason)]}
+
+
+def build_info(name: str = "cpu_kernels") -> dict | None:
+    """How ``name`` was built in this process: its flags and the flag sets rejected, with why."""
+    return _builds.get(name)
+
+
+def build(verbose: bool = False, source: Path = SOURCE, name: str = "cpu_kernels",
+          flag_sets: list[list[str]] | None = None) -> Path:
     """Compile ``source`` (default: the kernels) or find it in the cache; returns the
     shared library's path (``<cache>/native/<name>_<key>.so``).
 
-    Raises RuntimeError with the compiler's message when it cannot be built.
+    Flag sets are tried best first (``default_flag_sets``); a build is kept
+    only once its self-test ran in a child process, and a set that failed is
+    remembered (``.rejected`` beside the cache) so it is not tried again on
+    this machine. Raises RuntimeError with the compiler's messages when no set
+    builds.
     """
     cxx = _compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler found (set $CXX or install g++)")
     include = jax.ffi.include_dir()
     src = Path(source).read_bytes()
-    flag_sets = [["-O3", "-march=native"], ["-O3"]]
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True,
                              timeout=60).stdout
     out_dir = cache_dir() / "native"
-    errors = []
-    for flags in flag_sets:
+    errors, rejected = [], []
+    for flags in flag_sets or default_flag_sets():
         args = [*flags, "-std=c++17", "-shared", "-fPIC", f"-I{include}"]
         key = hashlib.sha256(b"\0".join([
             src, " ".join(args).encode(), version.encode(), jax.__version__.encode(),
             platform.machine().encode(), _cpu_tag().encode()])).hexdigest()[:20]
         so = out_dir / f"{name}_{key}.so"
+        bad = so.with_suffix(".rejected")
         if so.exists():
+            _builds[name] = {"so": str(so), "flags": flags, "rejected": rejected}
             return so
+        if bad.exists():
+            rejected.append((flags, bad.read_text()))
+            continue
         out_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
             tmp_so = Path(tmp) / so.name
@@ -103,11 +153,20 @@ def build(verbose: bool = False, source: Path = SOURCE, name: str = "cpu_kernels
                 continue
             if verbose:
                 print(" ".join(cmd), r.stderr, sep="\n")
-            if r.returncode == 0:
-                os.replace(tmp_so, so)  # atomic: concurrent builders agree
-                return so
-            errors.append(f"$ {' '.join(cmd)}\n{r.stderr[-2000:]}")
-    raise RuntimeError(f"building the C++ CPU kernels failed ({Path(source).name}):\n" + "\n".join(errors))
+            if r.returncode != 0:
+                errors.append(f"$ {' '.join(cmd)}\n{r.stderr[-2000:]}")
+                continue
+            why = _self_test(tmp_so)
+            if why is not None:
+                bad.write_text(why)
+                rejected.append((flags, why))
+                errors.append(f"$ {' '.join(cmd)}\n{why}")
+                continue
+            os.replace(tmp_so, so)  # atomic: concurrent builders agree
+            _builds[name] = {"so": str(so), "flags": flags, "rejected": rejected}
+            return so
+    raise RuntimeError(f"building the C++ CPU kernels failed ({Path(source).name}):\n"
+                       + "\n".join(errors))
 
 
 def _load():

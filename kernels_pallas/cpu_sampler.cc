@@ -30,6 +30,10 @@
 #include <utility>
 #include <vector>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -343,6 +347,34 @@ ffi::Error SampleImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
 }
 
 }  // namespace
+
+// Run once in a child process right after a build (see cpu_native.cc): 0 = fine.
+extern "C" int PagedjaxSelfTest() {
+  const int64_t V = 1000;
+  std::vector<float> x(V);
+  for (int64_t i = 0; i < V; ++i) x[i] = float((i * 37) % 1009) * 0.005f;  // distinct
+  Row w;
+  w.size(V);
+  int bad = 0;
+  int64_t first = 0;
+  for (int64_t i = 1; i < V; ++i)
+    if (x[i] > x[first]) first = i;
+  const int64_t best = argmax_scaled(x.data(), V, 1.0f, nullptr).first;
+  bad |= best != first;
+  bad |= sample_row(w, x.data(), V, 1.0f, 1, 1.0f, 0.0f, 0.7f) != best;    // top-k 1
+  const int32_t t = sample_row(w, x.data(), V, 0.7f, 50, 0.9f, 0.01f, 0.3f);
+  bad |= t < 0 || t >= V || x[t] < 0.9f * x[first];
+#if defined(__AVX512F__)
+  {
+    volatile float in[16] = {1.0f};
+    float out[16];
+    __m512 v = _mm512_loadu_ps(const_cast<const float*>(in));
+    _mm512_storeu_ps(out, _mm512_add_ps(v, v));
+    bad |= out[0] != 2.0f;
+  }
+#endif
+  return bad;
+}
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PagedjaxSample, SampleImpl,
                               ffi::Ffi::Bind()

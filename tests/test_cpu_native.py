@@ -166,3 +166,50 @@ def test_model_steps_use_the_native_matmul_only_for_few_rows():
     with L.native_matmuls(16):
         y = L.matmul(x16, w)
     assert y.shape == (16, 2, 8) and np.all(np.asarray(y) == 64.0)
+
+
+# ------------------------------------------------------------- build paths
+def _flag_id(flags):
+    return " ".join(flags[1:]) or "portable"
+
+
+def build_path(source, name: str, flags: list[str]):
+    """The library built with exactly ``flags`` (cached), or skip naming why it cannot run here."""
+    import ctypes
+
+    try:
+        so = cpu_native.build(source=source, name=name, flag_sets=[flags])
+    except RuntimeError as e:
+        pytest.skip(f"path {_flag_id(flags)!r} cannot run on this machine: {str(e)[-300:]}")
+    return ctypes.CDLL(str(so))
+
+
+@pytest.mark.parametrize("flags", cpu_native.default_flag_sets(), ids=_flag_id)
+def test_every_build_path_matches_numpy(flags):
+    """Each instruction-set path (this CPU's full set, AVX2 + FMA, portable) passes its
+    self-test in a child process and matches numpy; paths this machine cannot run
+    are skipped with the reason."""
+    lib = build_path(cpu_native.SOURCE, "cpu_kernels", flags)
+    assert lib.PagedjaxSelfTest() == 0
+    target = f"pagedjax_matmul_path_{abs(hash(tuple(flags)))}"
+    jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(lib.PagedjaxMatmul), platform="cpu")
+    rng = np.random.default_rng(0)
+    for m, k, n, t in [(3, 576, 130, False), (12, 300, 70, False), (5, 64, 200, True)]:
+        x = rng.standard_normal((m, k), np.float32)
+        w = rng.standard_normal((n, k) if t else (k, n), np.float32)
+        call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((m, n), jnp.float32))
+        out = np.asarray(jax.jit(lambda a, b, t=t: call(a, b, transposed=np.int32(t)))(x, w))
+        ref = x.astype(np.float64) @ (w.T if t else w).astype(np.float64)
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+
+
+def test_a_build_that_fails_its_self_test_is_rejected_and_remembered(tmp_path, monkeypatch):
+    src = tmp_path / "bad.cc"
+    src.write_text('extern "C" int PagedjaxSelfTest() { return 3; }\n')
+    monkeypatch.setenv("PAGEDJAX_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(RuntimeError, match=r"self-test failed \(exit 3\)"):
+        cpu_native.build(source=src, name="bad", flag_sets=[["-O0"]])
+    assert list((tmp_path / "cache" / "native").glob("bad_*.rejected"))
+    with pytest.raises(RuntimeError):  # remembered: not rebuilt
+        cpu_native.build(source=src, name="bad", flag_sets=[["-O0"]])
+    assert not list((tmp_path / "cache" / "native").glob("bad_*.so"))

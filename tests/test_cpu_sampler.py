@@ -11,9 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels_pallas import cpu_sampler
+from kernels_pallas import cpu_native, cpu_sampler
 from pagedjax.sampler import RowState, build_sampling_tensors, sample_jit
 from pagedjax.sampling_params import SamplingParams as SP
+from tests.test_cpu_native import _flag_id, build_path
 
 pytestmark = pytest.mark.skipif(not cpu_sampler.available(),
                                 reason=f"C++ sampler: {cpu_sampler.unavailable_reason()}")
@@ -118,3 +119,28 @@ def test_batch_invariance_and_matches_jnp_path():
 def test_rejects_bad_shapes():
     with pytest.raises(ValueError, match="x: expected logits"):
         cpu_sampler.sample(jnp.zeros(4), *[jnp.zeros(4)] * 6)
+
+
+@pytest.mark.parametrize("flags", cpu_native.default_flag_sets(), ids=_flag_id)
+def test_every_build_path_draws_from_the_reference(flags):
+    """The sampler built for each instruction-set path (skipped, naming why, where this
+    machine cannot run it) draws the float64 reference's token from the same uniform."""
+    lib = build_path(cpu_sampler.SOURCE, "cpu_sampler", flags)
+    assert lib.PagedjaxSelfTest() == 0
+    target = f"pagedjax_sample_path_{abs(hash(tuple(flags)))}"
+    jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(lib.PagedjaxSample), platform="cpu")
+    rng = np.random.default_rng(11)
+    V, R = 3001, 32
+    mism = 0
+    for T, k, p, min_p in CASES:
+        x = (rng.standard_normal((R, V)) * 2.5).astype(np.float32)
+        u = rng.random(R).astype(np.float32)
+        per_row = [np.full(R, v, dt) for v, dt in ((T, np.float32), (0, np.int32),
+                                                   (k or V, np.int32), (p, np.float32),
+                                                   (min_p, np.float32))]
+        call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((R,), jnp.int32))
+        toks = np.asarray(jax.jit(call)(x, *per_row, u))
+        for r in range(R):
+            c = np.cumsum(_ref_probs(x[r], T, k, p, min_p))
+            mism += toks[r] != min(int(np.searchsorted(c, u[r] * c[-1], side="right")), V - 1)
+    assert mism <= 0.01 * R * len(CASES) + 1, mism
