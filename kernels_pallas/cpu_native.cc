@@ -575,9 +575,22 @@ struct MatmulWork {
 };
 
 #ifdef PAGEDJAX_AVX2
+// y[0:MR, 0:16] (+)= x[0:MR, 0:kc] @ w[0:kc, 0:16]. Each output is one FMA chain
+// over k in order, so the AVX-512 version (one 16-lane register per row, used
+// where the build targets AVX-512, see cpu_native.py) gives the same bits as
+// the AVX2 one (two 8-lane registers per row).
 template <int MR>
 inline void tile_nn(const float* x, int64_t K, const float* w, int64_t ldw, float* y, int64_t ldy,
                     int64_t kc, bool first) {
+#ifdef __AVX512F__
+  __m512 c[MR];
+  for (int r = 0; r < MR; ++r) c[r] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(y + r * ldy);
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m512 b = _mm512_loadu_ps(w + k * ldw);
+    for (int r = 0; r < MR; ++r) c[r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * K + k]), b, c[r]);
+  }
+  for (int r = 0; r < MR; ++r) _mm512_storeu_ps(y + r * ldy, c[r]);
+#else
   __m256 c0[MR], c1[MR];
   for (int r = 0; r < MR; ++r) {
     c0[r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + r * ldy);
@@ -595,6 +608,7 @@ inline void tile_nn(const float* x, int64_t K, const float* w, int64_t ldw, floa
     _mm256_storeu_ps(y + r * ldy, c0[r]);
     _mm256_storeu_ps(y + r * ldy + 8, c1[r]);
   }
+#endif
 }
 #endif
 

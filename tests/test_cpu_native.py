@@ -8,6 +8,7 @@ windows, page sizes, bad arguments) as kind ``cpu``.
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import sys
 
@@ -213,3 +214,23 @@ def test_a_build_that_fails_its_self_test_is_rejected_and_remembered(tmp_path, m
     with pytest.raises(RuntimeError):  # remembered: not rebuilt
         cpu_native.build(source=src, name="bad", flag_sets=[["-O0"]])
     assert not list((tmp_path / "cache" / "native").glob("bad_*.so"))
+
+
+def test_instruction_set_paths_give_the_same_bits():
+    """The AVX-512 tile (where -march=native has it) and the AVX2 tile run the same FMA
+    chains: a model's numbers do not depend on which path this machine runs."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip(f"AVX2/AVX-512 paths are x86-64 only; this machine is {platform.machine()}")
+    outs = []
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((12, 576), np.float32)
+    w = rng.standard_normal((576, 200), np.float32)
+    for flags in cpu_native.default_flag_sets()[:2]:
+        lib = build_path(cpu_native.SOURCE, "cpu_kernels", flags)
+        target = f"pagedjax_matmul_bits_{abs(hash(tuple(flags)))}"
+        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(lib.PagedjaxMatmul), platform="cpu")
+        outs.append([np.asarray(jax.jit(lambda a, b, m=m: jax.ffi.ffi_call(
+            target, jax.ShapeDtypeStruct((m, 200), jnp.float32))(a, b, transposed=np.int32(0)))(
+            x[:m], w)) for m in (3, 12)])  # <= 8 rows (K parts) and packed
+    for a, b in zip(*outs):
+        np.testing.assert_array_equal(a, b)
