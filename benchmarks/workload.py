@@ -4,7 +4,7 @@ Two ShareGPT-shaped (lognormal) workloads, scaled down for 2 CPU cores (the
 vLLM paper reports mean 161 input / 338 output tokens for ShareGPT):
 
 * ``sharegpt``: 64 requests, mean ~80 in / ~120 out (the default);
-* ``long``: 32 requests, mean ~64 in / ~320 out: longer outputs, where the
+* ``long``: 32 requests, mean ~64 in / ~256 out: longer outputs, where the
   decode steps (not prefill) decide the speed.
 
 Prompts are random real token ids of the vocabulary; every request must
@@ -20,7 +20,7 @@ import numpy as np
 SHAREGPT_MEAN_IN, SHAREGPT_MEAN_OUT = 161, 338
 WORKLOADS = {
     "sharegpt": {"num_requests": 64, "input_mean": 80.0, "output_mean": 120.0},
-    "long": {"num_requests": 32, "input_mean": 64.0, "output_mean": 320.0},
+    "long": {"num_requests": 32, "input_mean": 64.0, "output_mean": 256.0},
 }
 
 

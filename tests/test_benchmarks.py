@@ -145,3 +145,34 @@ def test_sampler_benchmark_smoke(tiny_folder, tmp_path):
     assert got == {("flat", 8, m) for m in bench.MODES}
     assert bench.make_logits("peaked", 2, 512).shape == (2, 512)
     assert all(r["before_ms"] > 0 and r.get("after_ms", 1) > 0 for r in rep["results"])
+
+
+def test_step_profile_smoke(tiny_folder, tmp_path):
+    from benchmarks import step_profile
+
+    out = tmp_path / "profile.json"
+    rc = step_profile.main(["--model", tiny_folder, "--rows", "2,4", "--context", "40",
+                            "--reps", "1", "--json", str(out)])
+    assert rc == 0
+    rep = json.loads(out.read_text())
+    assert [r["rows"] for r in rep["steps"]] == [2, 4]
+    for r in rep["steps"]:
+        for k in ("step_ms", "model_ms", "no_attention_ms", "lm_head_ms", "kv_write_ms",
+                  "sample_greedy_ms", "sample_top_p_ms", "floor_ms"):
+            assert r[k] > 0, k
+        assert r["floor"]["layers_xla_ms"] > 0 and r["floor"]["lm_head_xla_ms"] > 0
+        assert r["step_over_floor"] == pytest.approx(r["step_ms"] / r["floor_ms"])
+    assert rep["shapes"]["hidden"] == 64 and rep["shapes"]["vocab"] == 512
+
+
+def test_step_profile_derives_parts():
+    from benchmarks.step_profile import derive
+
+    p = {"rows": 64, "step_ms": 300.0, "model_ms": 250.0, "no_attention_ms": 200.0,
+         "lm_head_ms": 30.0, "kv_write_ms": 5.0, "sample_greedy_ms": 2.0}
+    floor = {"layers_xla_ms": 120.0, "layers_cpp_ms": 100.0, "floor_ms": 150.0}
+    d = derive(p, floor, native_rows=32)  # 64 rows > 32: the runner uses XLA's matmuls
+    assert d["layers_matmul_path"] == "xla" and d["layers_matmul_ms"] == 120.0
+    assert d["attention_ms"] == 50.0 and d["elementwise_ms"] == 45.0
+    assert d["dispatch_host_ms"] == 48.0 and d["step_over_floor"] == 2.0
+    assert derive(p, floor, native_rows=64)["layers_matmul_path"] == "cpp"
