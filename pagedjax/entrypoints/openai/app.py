@@ -29,8 +29,12 @@ logger = logging.getLogger("pagedjax.server")
 
 DEFAULT_MAX_BODY_BYTES = 4 * 2**20
 _POST_ERRORS = R.error_responses(400, 401, 403, 404, 413, 415, 500, 503)
-_SSE = {"text/event-stream": {"schema": {"type": "string"},
-                              "example": "data: {...}\n\ndata: [DONE]\n\n"}}
+# With stream=true: server-sent events, each ``data`` a JSON chunk (or an error
+# body), the last one ``[DONE]``. Before OpenAPI 3.2, ``schema`` describes one event.
+_SSE = {"text/event-stream": {"schema": {
+    "type": "object", "required": ["data"],
+    "properties": {"data": {"type": "string", "description": "a JSON chunk, or [DONE]"},
+                   "event": {"type": "string"}, "id": {"type": "string"}}}}}
 
 
 @dataclass
@@ -102,8 +106,9 @@ def build_app(llm: AsyncLLM, config: AppConfig, state: Optional[ServerState] = N
         return error(OpenAIError(f"method {request.method} not allowed on "
                                  f"{request.url.path[:100]}", 405, code="method_not_allowed"))
 
-    @app.get("/health", responses={200: {"description": "The engine is running."},
-                                   **R.error_responses(503)})
+    @app.get("/health", response_class=Response,
+             responses={200: {"description": "The engine is running (empty body)."},
+                        **R.error_responses(503)})
     async def health():
         if not llm.is_running:
             return error(OpenAIError("the engine thread is not running", 503, type="server_error",
@@ -114,8 +119,10 @@ def build_app(llm: AsyncLLM, config: AppConfig, state: Optional[ServerState] = N
     async def version():
         return {"version": pagedjax.__version__}
 
-    @app.get("/metrics", responses={200: {"content": {"text/plain": {"schema": {
-        "type": "string"}}}}, **R.error_responses(401)})
+    @app.get("/metrics", response_class=Response,
+             responses={200: {"description": "Prometheus metrics.",
+                              "content": {"text/plain": {"schema": {"type": "string"}}}},
+                        **R.error_responses(401)})
     async def prom():
         from pagedjax.metrics import CONTENT_TYPE_LATEST
 
