@@ -53,6 +53,8 @@ class EngineMetrics:
         self.prompt_tokens = c("pagedjax:prompt_tokens", "Prompt tokens processed.")
         self.generation_tokens = c("pagedjax:generation_tokens", "Tokens generated.")
         self.steps = c("pagedjax:engine_steps", "Engine steps run.")
+        self.compilations = g("pagedjax:xla_compilations",
+                              "XLA compilations in this process since start (new step shapes).")
         self.engine_errors = c("pagedjax:engine_errors",
                                "Exceptions caught in the engine thread.")
         self.success = Counter("pagedjax:request_success", "Finished requests by reason.",
@@ -89,6 +91,7 @@ class EngineMetrics:
         self.pages_held.set(st.used)
         self.pages_cached.set(st.cached)
         self.kv_usage.set(st.usage)
+        self.compilations.set(engine.num_compilations_since(0))
         self.prefix_queries.set(st.prefix_queries)
         self.prefix_hits.set(st.prefix_hits)
         self.prefix_hit_rate.set(st.prefix_hits / st.prefix_queries if st.prefix_queries else 0.0)
