@@ -31,13 +31,14 @@ SEED_MIN = -(2**63)
 SEED_MAX = 2**64 - 1
 
 
-class RequestOutputKind(enum.Enum):
+class RequestOutputKind(enum.IntEnum):
     """What ``AsyncLLM.generate`` yields (vLLM's names).
 
     CUMULATIVE: every output holds the whole text and token ids so far.
     DELTA: every output holds only what is new since the previous one.
     FINAL_ONLY: one output, when the request finishes.
-    ``LLM.generate`` always returns final outputs.
+    ``LLM.generate`` always returns final outputs. An IntEnum, so that
+    parameters serialize to JSON (multi-host replay); plain 0/1/2 are accepted.
     """
 
     CUMULATIVE = 0
@@ -116,6 +117,9 @@ class SamplingParams:
                     f"got {self.logit_bias!r}") from e
         if self.allowed_token_ids is not None:
             self.allowed_token_ids = list(self.allowed_token_ids)
+        if _is_int(self.output_kind) and not isinstance(self.output_kind, RequestOutputKind) \
+                and self.output_kind in (0, 1, 2):
+            self.output_kind = RequestOutputKind(self.output_kind)
         if _is_int(self.top_k) and self.top_k == -1:
             self.top_k = 0
         if self.best_of is None:

@@ -147,6 +147,8 @@ def test_bad_request_raises_value_error(allm):
     asyncio.run(main())
     with pytest.raises(ValueError, match="output_kind"):
         SamplingParams(output_kind="delta")
+    # an IntEnum: parameters survive JSON (multi-host replay sends them as JSON)
+    assert SamplingParams(output_kind=1).output_kind is RequestOutputKind.DELTA
 
 
 def test_step_fault_fails_only_scheduled_requests(allm, reference):
