@@ -29,7 +29,9 @@ SHUTDOWN_TIMEOUT = 4.0
 def srv():
     skip_without_model()
     s = start_server(["--shutdown-timeout", str(SHUTDOWN_TIMEOUT),
-                      "--max-request-body-bytes", str(4 * 2**20)], api_key=None)
+                      "--max-request-body-bytes", str(4 * 2**20),
+                      "--allowed-hosts", "myhost.example",
+                      "--allowed-origins", "https://app.example"], api_key=None)
     yield s
     stop_server(s)
 
@@ -94,6 +96,23 @@ def test_big_prompt_does_not_block_health(srv):
     print(f"/health during a 4 MB prompt: median {1000 * times[len(times) // 2]:.1f} ms, "
           f"max {1000 * times[-1]:.1f} ms over {len(times)} probes")
     assert times[len(times) // 2] < 0.1 and times[-1] < 0.5
+
+
+def test_allowed_hosts_and_cors_flags(srv):
+    assert srv.raw("GET", "/health", headers={"Host": "myhost.example:8000"})[0] == 200
+    assert srv.raw("GET", "/health", headers={"Host": "other.example"})[0] == 403
+    pre = {"Access-Control-Request-Method": "POST",
+           "Access-Control-Request-Headers": "content-type"}
+    conn = http.client.HTTPConnection("127.0.0.1", _port(srv), timeout=30)
+    conn.request("OPTIONS", "/v1/completions", headers={"Origin": "https://app.example", **pre})
+    r = conn.getresponse()
+    r.read()
+    assert r.status == 200 and r.getheader("access-control-allow-origin") == "https://app.example"
+    conn.request("OPTIONS", "/v1/completions", headers={"Origin": "https://evil.example", **pre})
+    r = conn.getresponse()
+    r.read()
+    assert r.getheader("access-control-allow-origin") is None
+    conn.close()
 
 
 def test_3mb_bad_value_small_answer(srv):
