@@ -24,6 +24,7 @@ Prints a table and writes JSON (default benchmarks/results/step_floor.json).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -75,24 +76,19 @@ def measure(ns) -> dict:
               num_pages=s_max * (-(-ns.context // 16)) + 64)
     runner = llm.llm_engine.runner
     model = runner.model
-    if not hasattr(model, "attention_fn"):
-        raise SystemExit(f"{type(model).__name__} has no attention_fn hook; use a Llama-family model")
 
-    def step_fn(attention_fn):
+    def step_fn(plan):
         def f(params, kv, batch):
-            saved = model.attention_fn  # the hook is read while tracing
-            model.attention_fn = attention_fn
-            try:
-                with runner.matmul_context():  # as the engine's step traces it
-                    hidden, kv = model.forward(params, kv, batch.token_ids, batch.meta)
-                    logits = model.compute_logits(params, hidden[batch.logits_index])
-            finally:
-                model.attention_fn = saved
+            hidden, kv = model.forward(params, kv, batch.token_ids, batch.meta, plan)
+            logits = model.compute_logits(params, hidden[batch.logits_index], plan)
             return logits, kv
         return jax.jit(f, donate_argnums=(1,))
 
-    full = step_fn(model.attention_fn)
-    bare = step_fn(lambda q, *a, **k: q)  # identity: [T, Hq, D] in, [T, Hq, D] out
+    def no_attention(q, *args, **kwargs):  # identity: [T, Hq, D] in, [T, Hq, D] out
+        return q
+
+    full = step_fn(runner.plan)  # the engine's own plan
+    bare = step_fn(dataclasses.replace(runner.plan, attention_fn=no_attention))
 
     def run(fn, batch):
         logits, runner.kv_caches = fn(runner.params, runner.kv_caches, batch)

@@ -8,10 +8,20 @@
   - ``pallas_gpu``: a Pallas kernel lowered through Triton (``triton_gpu.py``);
   - ``pallas_tpu``: a Pallas kernel lowered through Mosaic (``mosaic_tpu.py``).
 ``auto`` picks by ``jax.default_backend()``. On CPU the Pallas backends run in
-interpret mode.
+interpret mode. ``sharded_attention(mesh)`` runs any of them per device under
+tensor parallelism (``sharded.py``).
+
+JAX versions: the kernels are tested with the range pinned in pyproject.toml.
+JAX 0.11 deprecates the Pallas Triton lowering; on a JAX without it ``auto``
+on a GPU falls back to ``xla`` with one warning, and an explicit
+``pallas_gpu`` raises a ValueError that says so.
 """
 
 from __future__ import annotations
+
+import functools
+import importlib
+import warnings
 
 import jax
 import numpy as np
@@ -25,8 +35,20 @@ from kernels_pallas.kv_write import (  # noqa: F401
 )
 from kernels_pallas.reference import check_args
 from kernels_pallas.reference import ragged_paged_attention as reference_attention
+from kernels_pallas.sharded import sharded_attention  # noqa: F401
 
 BACKENDS = ("auto", "xla", "cpu_native", "pallas_gpu", "pallas_tpu")
+
+
+@functools.lru_cache(maxsize=None)
+def triton_lowering_missing() -> str | None:
+    """None when this JAX has the Pallas Triton lowering, else why not."""
+    try:
+        importlib.import_module("jax.experimental.pallas.triton")
+    except Exception as e:  # noqa: BLE001 - removed or broken in this JAX
+        return (f"this JAX ({jax.__version__}) has no Pallas Triton lowering "
+                f"(jax.experimental.pallas.triton: {type(e).__name__}: {e})")
+    return None
 
 
 def resolve_backend(backend: str = "auto") -> str:
@@ -34,6 +56,9 @@ def resolve_backend(backend: str = "auto") -> str:
     if backend not in BACKENDS:
         raise ValueError(f"attention_backend: {backend!r} is not one of {BACKENDS}")
     platform = jax.default_backend()
+    if backend == "pallas_gpu" and triton_lowering_missing():
+        raise ValueError(f"attention_backend='pallas_gpu': {triton_lowering_missing()}; "
+                         "install a JAX in the range pyproject.toml pins, or use 'xla'")
     if backend == "cpu_native":
         from kernels_pallas import cpu_native
 
@@ -47,6 +72,11 @@ def resolve_backend(backend: str = "auto") -> str:
     if backend != "auto":
         return backend
     if platform == "gpu":
+        if triton_lowering_missing():
+            warnings.warn(f"{triton_lowering_missing()}; attention falls back to the 'xla' "
+                          "backend (slower). Install a JAX in the range pyproject.toml pins "
+                          "for the Pallas GPU kernel", RuntimeWarning, stacklevel=2)
+            return "xla"
         return "pallas_gpu"
     if platform == "tpu":
         return "pallas_tpu"

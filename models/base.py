@@ -4,17 +4,20 @@ The engine (``pagedjax/runner.py``) only talks to models through this file:
 
     model, params = models.load_model("SmolLM2-135M-Instruct", dtype="float32")
     kv_caches = model.allocate_kv_caches(num_pages, page_size, kv_cache_dtype)
-    hidden, kv_caches = model.forward(params, kv_caches, token_ids, meta)
-    logits = model.compute_logits(params, hidden[logits_index])
+    plan = ExecutionPlan(attn_backend="xla")
+    hidden, kv_caches = model.forward(params, kv_caches, token_ids, meta, plan)
+    logits = model.compute_logits(params, hidden[logits_index], plan)
 
-``forward`` and ``compute_logits`` are pure functions of arrays, safe under
-``jax.jit`` with ``kv_caches`` donated.
+``forward`` and ``compute_logits`` are pure functions of their arguments, safe
+under ``jax.jit`` with ``kv_caches`` donated and ``plan`` static: everything
+that changes the compiled program is in the plan, nothing is read from
+context variables or attributes while tracing.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 import jax
 
@@ -35,7 +38,34 @@ class AttentionMetadata:
     num_seqs: jax.Array  # i32[]       valid sequences
     # Static (part of the compiled shape, not traced):
     max_q_len: int | None = dataclasses.field(default=None, metadata=dict(static=True))
-    attn_backend: str = dataclasses.field(default="xla", metadata=dict(static=True))
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecutionPlan:
+    """Everything besides array shapes that changes the compiled step program.
+
+    Frozen and hashable: the runner builds one at start-up and passes it to
+    ``jax.jit`` as a static argument; a benchmark that needs a variant (say,
+    attention switched off) builds its own with ``dataclasses.replace``.
+
+    attn_backend        kernels_pallas backend of every layer: "xla",
+                        "cpu_native", "pallas_gpu", "pallas_tpu"
+    native_matmul_rows  float32 matmuls with at most this many rows run the
+                        C++ CPU kernel (kernels_pallas.cpu_native.matmul); 0: never
+    mesh, tp_axis       tensor parallelism: the custom kernels (everything but
+                        "xla") run per device through shard_map over KV heads
+    attention_fn        replaces kernels_pallas.ragged_paged_attention (same
+                        signature); for benchmarks and tests
+    """
+
+    attn_backend: str = "xla"
+    native_matmul_rows: int = 0
+    mesh: Any = None  # jax.sharding.Mesh | None
+    tp_axis: str = "tp"
+    attention_fn: Callable | None = None
+
+
+DEFAULT_PLAN = ExecutionPlan()
 
 
 @dataclasses.dataclass(frozen=True)

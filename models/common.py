@@ -3,7 +3,7 @@
 Each architecture subclasses :class:`CausalLM` and provides
 
     __init__(config: dict, dtype, eos_token_ids)   parse the HF config (dict)
-    forward(params, kv_caches, token_ids, meta)     -> (hidden [T, H], kv_caches)
+    forward(params, kv_caches, token_ids, meta, plan) -> (hidden [T, H], kv_caches)
     params_from_hf(get)                             HF tensor names -> numpy params
 
 ``get(name)`` returns the HF checkpoint tensor ``name`` as a numpy array
@@ -21,7 +21,7 @@ import numpy as np
 
 import kernels_pallas
 from models import layers as L
-from models.base import ModelInfo
+from models.base import DEFAULT_PLAN, ExecutionPlan, ModelInfo
 
 GetTensor = Callable[[str], np.ndarray]
 
@@ -89,9 +89,6 @@ class CausalLM:
         )
         self.tie_word_embeddings = bool(self.cfg.get("tie_word_embeddings", self.default_tie_word_embeddings))
         self.final_logit_softcap: float | None = None
-        # Replaces kernels_pallas.ragged_paged_attention in every layer when set
-        # (same signature), e.g. pagedjax.parallel.sharded_attention(mesh).
-        self.attention_fn: Callable | None = None
 
     def _make_info(self, *, num_layers, num_q_heads, num_kv_heads, head_dim, hidden_size,
                    vocab_size, max_model_len) -> ModelInfo:
@@ -129,18 +126,20 @@ class CausalLM:
         self,
         params: dict,
         hidden: jax.Array,  # [R, H] output of forward at the rows to sample
+        plan: ExecutionPlan = DEFAULT_PLAN,
     ) -> jax.Array:  # f32[R, vocab]
         if "lm_head" in params:
-            logits = L.matmul(hidden, params["lm_head"]["kernel"])
+            logits = L.matmul(hidden, params["lm_head"]["kernel"], plan)
         else:
-            logits = L.matmul(hidden, params["embed_tokens"]["embedding"], transposed=True)
+            logits = L.matmul(hidden, params["embed_tokens"]["embedding"], plan, transposed=True)
         logits = logits.astype(jnp.float32)
         if self.final_logit_softcap:
             cap = self.final_logit_softcap
             logits = cap * jnp.tanh(logits / cap)
         return logits
 
-    def forward(self, params, kv_caches, token_ids, meta):  # pragma: no cover - abstract
+    def forward(self, params, kv_caches, token_ids, meta,
+                plan: ExecutionPlan = DEFAULT_PLAN):  # pragma: no cover - abstract
         raise NotImplementedError
 
     def params_from_hf(self, get: GetTensor) -> dict:  # pragma: no cover - abstract

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from models import layers as L
-from models.base import AttentionMetadata
+from models.base import DEFAULT_PLAN, AttentionMetadata, ExecutionPlan
 from models.common import CausalLM, GetTensor
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -80,6 +80,7 @@ class Gemma3ForCausalLM(CausalLM):
         kv_caches: tuple,  # per layer (pages [N, 2, Hkv, page_size, D], scales | None)
         token_ids: jax.Array,  # i32[T]
         meta: AttentionMetadata,
+        plan: ExecutionPlan = DEFAULT_PLAN,
     ) -> tuple[jax.Array, tuple]:  # hidden [T, H] (after the final norm), kv_caches
         self._check_kv_caches(kv_caches)
         x = jnp.take(params["embed_tokens"]["embedding"], token_ids, axis=0)
@@ -98,15 +99,14 @@ class Gemma3ForCausalLM(CausalLM):
 
             h = norm(lp["input_layernorm"], x)
             a, cache = L.paged_attention(
-                attn, h, kv_caches[i], meta, sm_scale=self.sm_scale,
+                attn, h, kv_caches[i], meta, plan, sm_scale=self.sm_scale,
                 rope=ropes[self.layer_types[i]], qk_norm=qk_norm,
                 sliding_window=self.windows[i], soft_cap=self.attn_softcap,
-                attention_fn=self.attention_fn,
             )
             new_caches.append(cache)
             x = x + norm(lp["post_attention_layernorm"], a)
             h = norm(lp["pre_feedforward_layernorm"], x)
-            x = x + norm(lp["post_feedforward_layernorm"], L.gated_mlp(lp["mlp"], h, self.act))
+            x = x + norm(lp["post_feedforward_layernorm"], L.gated_mlp(lp["mlp"], h, self.act, plan))
         return norm(params["norm"], x), tuple(new_caches)
 
     def params_from_hf(self, get: GetTensor) -> dict:

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from models import layers as L
-from models.base import AttentionMetadata
+from models.base import DEFAULT_PLAN, AttentionMetadata, ExecutionPlan
 from models.common import CausalLM, GetTensor
 
 
@@ -56,6 +56,7 @@ class GPT2LMHeadModel(CausalLM):
         kv_caches: tuple,  # per layer (pages [N, 2, Hq, page_size, D], scales | None)
         token_ids: jax.Array,  # i32[T]
         meta: AttentionMetadata,
+        plan: ExecutionPlan = DEFAULT_PLAN,
     ) -> tuple[jax.Array, tuple]:  # hidden [T, H] (after ln_f), kv_caches
         self._check_kv_caches(kv_caches)
         x = jnp.take(params["embed_tokens"]["embedding"], token_ids, axis=0)
@@ -63,12 +64,11 @@ class GPT2LMHeadModel(CausalLM):
         new_caches = []
         for i, lp in enumerate(params["layers"]):
             h = L.layer_norm(x, lp["ln_1"]["scale"], lp["ln_1"]["bias"], self.eps)
-            a, cache = L.paged_attention(lp["attn"], h, kv_caches[i], meta, sm_scale=self.sm_scale,
-                                         attention_fn=self.attention_fn)
+            a, cache = L.paged_attention(lp["attn"], h, kv_caches[i], meta, plan, sm_scale=self.sm_scale)
             new_caches.append(cache)
             x = x + a
             h = L.layer_norm(x, lp["ln_2"]["scale"], lp["ln_2"]["bias"], self.eps)
-            x = x + L.plain_mlp(lp["mlp"], h, self.act)
+            x = x + L.plain_mlp(lp["mlp"], h, self.act, plan)
         x = L.layer_norm(x, params["ln_f"]["scale"], params["ln_f"]["bias"], self.eps)
         return x, tuple(new_caches)
 

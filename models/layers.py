@@ -21,8 +21,6 @@ parameter dtype (float32 on CPU).
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import math
 from typing import Callable
 
@@ -31,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import kernels_pallas
-from models.base import AttentionMetadata
+from models.base import DEFAULT_PLAN, AttentionMetadata, ExecutionPlan
 
 Params = dict
 
@@ -159,32 +157,21 @@ def activation(name: str) -> Callable[[jax.Array], jax.Array]:
 
 
 # Decode steps multiply a handful of rows by every weight, where XLA:CPU's
-# GEMM runs well below the memory-bandwidth limit; the runner routes matmuls
-# of at most ``max_rows`` rows to the C++ kernel (kernels_pallas/cpu_native.cc)
-# while it traces a step on the cpu_native backend. Read at trace time.
-_native_rows: contextvars.ContextVar[int] = contextvars.ContextVar("native_rows", default=0)
+# GEMM runs well below the memory-bandwidth limit; the runner's plan routes
+# float32 matmuls of at most ``plan.native_matmul_rows`` rows to the C++ kernel
+# (kernels_pallas/cpu_native.cc) on the cpu_native backend.
 
 
-@contextlib.contextmanager
-def native_matmuls(max_rows: int):
-    """Within this context, float32 :func:`matmul` calls of at most ``max_rows``
-    rows run the C++ CPU kernel (0: never)."""
-    token = _native_rows.set(max_rows)
-    try:
-        yield
-    finally:
-        _native_rows.reset(token)
-
-
-def _native(x: jax.Array, w: jax.Array) -> bool:
+def _native(x: jax.Array, w: jax.Array, plan: ExecutionPlan) -> bool:
     f32 = jnp.dtype(jnp.float32)
-    return 0 < x.shape[0] <= _native_rows.get() and x.dtype == f32 and w.dtype == f32
+    return 0 < x.shape[0] <= plan.native_matmul_rows and x.dtype == f32 and w.dtype == f32
 
 
-def matmul(x: jax.Array, w: jax.Array, *, transposed: bool = False) -> jax.Array:
+def matmul(x: jax.Array, w: jax.Array, plan: ExecutionPlan = DEFAULT_PLAN, *,
+           transposed: bool = False) -> jax.Array:
     """``x [T, In] @ w [In, ...Out]`` -> ``[T, ...Out]``, or ``x @ w[Out, In].T``
     when ``transposed``."""
-    if _native(x, w):
+    if _native(x, w, plan):
         from kernels_pallas import cpu_native
 
         w2 = w if transposed else w.reshape(w.shape[0], -1)
@@ -198,8 +185,9 @@ def matmul(x: jax.Array, w: jax.Array, *, transposed: bool = False) -> jax.Array
 def dense(
     p: Params,  # {"kernel": [In, Out], "bias"?: [Out]}
     x: jax.Array,  # [T, In]
+    plan: ExecutionPlan = DEFAULT_PLAN,
 ) -> jax.Array:  # [T, Out]
-    y = matmul(x, p["kernel"])
+    y = matmul(x, p["kernel"], plan)
     if "bias" in p:
         y = y + p["bias"]
     return y
@@ -209,17 +197,19 @@ def gated_mlp(
     p: Params,  # {"gate_up": {"kernel": [H, 2, I]}, "down": {"kernel": [I, H]}}
     x: jax.Array,  # [T, H]
     act: Callable[[jax.Array], jax.Array],
+    plan: ExecutionPlan = DEFAULT_PLAN,
 ) -> jax.Array:  # [T, H]
-    gu = matmul(x, p["gate_up"]["kernel"])  # [T, 2, I]
-    return dense(p["down"], act(gu[:, 0]) * gu[:, 1])
+    gu = matmul(x, p["gate_up"]["kernel"], plan)  # [T, 2, I]
+    return dense(p["down"], act(gu[:, 0]) * gu[:, 1], plan)
 
 
 def plain_mlp(
     p: Params,  # {"fc1": {"kernel": [H, I], "bias": [I]}, "fc2": {"kernel": [I, H], ...}}
     x: jax.Array,  # [T, H]
     act: Callable[[jax.Array], jax.Array],
+    plan: ExecutionPlan = DEFAULT_PLAN,
 ) -> jax.Array:  # [T, H]
-    return dense(p["fc2"], act(dense(p["fc1"], x)))
+    return dense(p["fc2"], act(dense(p["fc1"], x, plan)), plan)
 
 
 # ----------------------------------------------------------------------------- attention
@@ -228,8 +218,9 @@ def plain_mlp(
 def qkv_projection(
     p: Params,  # {"kernel": [H, Hkv, G+2, D], "bias"?: [Hkv, G+2, D]}
     x: jax.Array,  # [T, H]
+    plan: ExecutionPlan = DEFAULT_PLAN,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:  # q [T, Hkv, G, D], k, v [T, Hkv, D]
-    y = matmul(x, p["kernel"])  # [T, Hkv, G+2, D]
+    y = matmul(x, p["kernel"], plan)  # [T, Hkv, G+2, D]
     if "bias" in p:
         y = y + p["bias"]
     g = y.shape[2] - 2
@@ -241,21 +232,23 @@ def paged_attention(
     x: jax.Array,  # [T, H] (already normed)
     cache: tuple[jax.Array, jax.Array | None],  # pages [N, 2, Hkv, page_size, D], scales
     meta: AttentionMetadata,
+    plan: ExecutionPlan = DEFAULT_PLAN,
     *,
     sm_scale: float,
     rope: tuple[jax.Array, jax.Array] | None = None,  # cos, sin [T, D/2]
     qk_norm: Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]] | None = None,
     sliding_window: int | None = None,
     soft_cap: float | None = None,
-    attention_fn: Callable | None = None,
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array | None]]:  # out [T, H], cache
     """Project q/k/v, rotate, write K/V to the pool, attend, project out.
 
-    ``attention_fn`` replaces ``kernels_pallas.ragged_paged_attention`` (same
-    signature), e.g. a ``shard_map``-wrapped kernel under tensor parallelism.
+    The kernel is ``plan.attention_fn`` when set, else
+    ``kernels_pallas.ragged_paged_attention``, run per device through
+    ``shard_map`` over KV heads under tensor parallelism (custom kernels only;
+    GSPMD partitions the ``xla`` backend by itself).
     """
     t = x.shape[0]
-    q, k, v = qkv_projection(p["qkv_proj"], x)  # [T, Hkv, G, D], [T, Hkv, D] x2
+    q, k, v = qkv_projection(p["qkv_proj"], x, plan)  # [T, Hkv, G, D], [T, Hkv, D] x2
     if qk_norm is not None:
         q, k = qk_norm(q, k)
     if rope is not None:
@@ -264,7 +257,7 @@ def paged_attention(
     pages, scales = cache
     pages, scales = kernels_pallas.write_kv(pages, scales, k, v, meta.slot_mapping)
     hkv, g, d = q.shape[1:]
-    attend = attention_fn or kernels_pallas.ragged_paged_attention
+    attend = attention_kernel(plan)
     out = attend(
         q.reshape(t, hkv * g, d),
         pages,
@@ -277,9 +270,18 @@ def paged_attention(
         soft_cap=soft_cap,
         kv_scales=scales,
         max_q_len=meta.max_q_len,
-        backend=meta.attn_backend,
+        backend=plan.attn_backend,
     )  # [T, Hq, D]
-    return dense(p["o_proj"], out.reshape(t, hkv * g * d)), (pages, scales)
+    return dense(p["o_proj"], out.reshape(t, hkv * g * d), plan), (pages, scales)
+
+
+def attention_kernel(plan: ExecutionPlan) -> Callable:
+    """The ragged paged-attention callable a plan asks for (see paged_attention)."""
+    if plan.attention_fn is not None:
+        return plan.attention_fn
+    if plan.mesh is not None and plan.attn_backend != "xla":
+        return kernels_pallas.sharded_attention(plan.mesh, plan.tp_axis)
+    return kernels_pallas.ragged_paged_attention
 
 
 # ----------------------------------------------------------------------------- weight packing

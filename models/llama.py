@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from models import layers as L
-from models.base import AttentionMetadata
+from models.base import DEFAULT_PLAN, AttentionMetadata, ExecutionPlan
 from models.common import CausalLM, GetTensor
 
 
@@ -75,9 +75,10 @@ class LlamaForCausalLM(CausalLM):
         kv_caches: tuple,  # per layer (pages [N, 2, Hkv, page_size, D], scales | None)
         token_ids: jax.Array,  # i32[T]
         meta: AttentionMetadata,
+        plan: ExecutionPlan = DEFAULT_PLAN,
     ) -> tuple[jax.Array, tuple]:  # hidden [T, H] (after the final norm), kv_caches
         if isinstance(params["layers"], dict):  # stacked: see stack_params
-            return self._forward_scanned(params, kv_caches, token_ids, meta)
+            return self._forward_scanned(params, kv_caches, token_ids, meta, plan)
         self._check_kv_caches(kv_caches)
         x = jnp.take(params["embed_tokens"]["embedding"], token_ids, axis=0)  # [T, H]
         rope = L.rope_cos_sin(meta.positions, self.inv_freq, x.dtype)
@@ -85,13 +86,13 @@ class LlamaForCausalLM(CausalLM):
         for i, lp in enumerate(params["layers"]):
             h = L.rms_norm(x, lp["input_layernorm"]["scale"], self.eps)
             a, cache = L.paged_attention(
-                lp["attn"], h, kv_caches[i], meta, sm_scale=self.sm_scale, rope=rope,
-                sliding_window=self.sliding_windows[i], attention_fn=self.attention_fn,
+                lp["attn"], h, kv_caches[i], meta, plan, sm_scale=self.sm_scale, rope=rope,
+                sliding_window=self.sliding_windows[i],
             )
             new_caches.append(cache)
             x = x + a
             h = L.rms_norm(x, lp["post_attention_layernorm"]["scale"], self.eps)
-            x = x + L.gated_mlp(lp["mlp"], h, self.act)
+            x = x + L.gated_mlp(lp["mlp"], h, self.act, plan)
         return L.rms_norm(x, params["norm"]["scale"], self.eps), tuple(new_caches)
 
     # -- scanned layers -------------------------------------------------------------
@@ -102,7 +103,7 @@ class LlamaForCausalLM(CausalLM):
     # a flat pool of L*N pages with its page ids offset by l*N.
 
     def can_scan(self) -> bool:
-        return len(set(self.sliding_windows)) == 1 and self.attention_fn is None
+        return len(set(self.sliding_windows)) == 1
 
     @staticmethod
     def stack_params(params: dict) -> dict:
@@ -116,7 +117,7 @@ class LlamaForCausalLM(CausalLM):
         scales = None if kv_caches[0][1] is None else jnp.stack([s for _, s in kv_caches])
         return (pages, scales)
 
-    def _forward_scanned(self, params, kv_caches, token_ids, meta):
+    def _forward_scanned(self, params, kv_caches, token_ids, meta, plan):
         pages, scales = kv_caches  # [L, N, 2, Hkv, page_size, D], [L, N, 2, Hkv, page_size]
         n_layers, n_pages = pages.shape[:2]
         page_size = pages.shape[4]
@@ -133,11 +134,11 @@ class LlamaForCausalLM(CausalLM):
                                         slot_mapping=meta.slot_mapping + off * page_size)
             h = L.rms_norm(x, lp["input_layernorm"]["scale"], self.eps)
             a, (flat, flat_s) = L.paged_attention(
-                lp["attn"], h, (flat, flat_s), lmeta, sm_scale=self.sm_scale, rope=rope,
+                lp["attn"], h, (flat, flat_s), lmeta, plan, sm_scale=self.sm_scale, rope=rope,
                 sliding_window=window)
             x = x + a
             h = L.rms_norm(x, lp["post_attention_layernorm"]["scale"], self.eps)
-            x = x + L.gated_mlp(lp["mlp"], h, self.act)
+            x = x + L.gated_mlp(lp["mlp"], h, self.act, plan)
             return (x, flat, flat_s, layer_idx + 1), None
 
         (x, flat, flat_s, _), _ = jax.lax.scan(

@@ -30,7 +30,6 @@ def build_metadata(
     pad_tokens_to: int | None = None,
     pad_seqs_to: int | None = None,
     pages_per_seq: int | None = None,
-    attn_backend: str = "xla",
     max_q_len: int | None = None,
 ) -> AttentionMetadata:
     """Metadata for the chunks in order; padded tokens write to slot 0 (null page)."""
@@ -71,5 +70,4 @@ def build_metadata(
         cu_q_lens=jnp.asarray(cu),
         num_seqs=jnp.asarray(s, jnp.int32),
         max_q_len=max_q_len,
-        attn_backend=attn_backend,
     )

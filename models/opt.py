@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from models import layers as L
-from models.base import AttentionMetadata
+from models.base import DEFAULT_PLAN, AttentionMetadata, ExecutionPlan
 from models.common import CausalLM, GetTensor
 
 POSITION_OFFSET = 2  # OPTLearnedPositionalEmbedding
@@ -63,11 +63,12 @@ class OPTForCausalLM(CausalLM):
         kv_caches: tuple,  # per layer (pages [N, 2, Hq, page_size, D], scales | None)
         token_ids: jax.Array,  # i32[T]
         meta: AttentionMetadata,
+        plan: ExecutionPlan = DEFAULT_PLAN,
     ) -> tuple[jax.Array, tuple]:  # hidden [T, E], kv_caches
         self._check_kv_caches(kv_caches)
         x = jnp.take(params["embed_tokens"]["embedding"], token_ids, axis=0)  # [T, E]
         if "project_in" in params:
-            x = L.dense(params["project_in"], x)  # [T, H]
+            x = L.dense(params["project_in"], x, plan)  # [T, H]
         pos = meta.positions + POSITION_OFFSET
         x = x + jnp.take(params["embed_positions"]["embedding"], pos, axis=0)
 
@@ -77,20 +78,19 @@ class OPTForCausalLM(CausalLM):
         new_caches = []
         for i, lp in enumerate(params["layers"]):
             h = ln(lp["self_attn_layer_norm"], x) if self.pre_norm else x
-            a, cache = L.paged_attention(lp["attn"], h, kv_caches[i], meta, sm_scale=self.sm_scale,
-                                         attention_fn=self.attention_fn)
+            a, cache = L.paged_attention(lp["attn"], h, kv_caches[i], meta, plan, sm_scale=self.sm_scale)
             new_caches.append(cache)
             x = x + a
             if not self.pre_norm:
                 x = ln(lp["self_attn_layer_norm"], x)
             h = ln(lp["final_layer_norm"], x) if self.pre_norm else x
-            x = x + L.plain_mlp(lp["mlp"], h, self.act)
+            x = x + L.plain_mlp(lp["mlp"], h, self.act, plan)
             if not self.pre_norm:
                 x = ln(lp["final_layer_norm"], x)
         if self.final_norm:
             x = ln(params["final_layer_norm"], x)
         if "project_out" in params:
-            x = L.dense(params["project_out"], x)  # [T, E]
+            x = L.dense(params["project_out"], x, plan)  # [T, E]
         return x, tuple(new_caches)
 
     def params_from_hf(self, get: GetTensor) -> dict:

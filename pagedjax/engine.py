@@ -20,7 +20,8 @@ from pagedjax.config import EngineArgs, default_cache_dir
 from pagedjax.outputs import (CompletionOutput, RequestMetrics, RequestOutput,
                               make_logprobs_dict)
 from pagedjax.request import Request
-from pagedjax.runner import Runner, SampleRow, default_num_pages
+from pagedjax import multihost
+from pagedjax.runner import Runner, SampleRow, default_num_pages, make_plan
 from pagedjax.sampler import RowState
 from pagedjax.sampling_params import SamplingParams
 from pagedjax.scheduler import Scheduler
@@ -74,17 +75,22 @@ class LLMEngine:
     def __init__(self, args: EngineArgs):
         import models
         from pagedjax import tokenizer as tok_mod
-        from kernels_pallas import KV_CACHE_DTYPES, resolve_backend
+        from kernels_pallas import KV_CACHE_DTYPES
 
         args.validate()
         self.args = args
         _enable_compilation_cache(args.compilation_cache_dir)
         self.resolved = models.resolve_model(args.model)
         self.model_name = args.model or models.DEFAULT_MODEL
+        if jax.process_count() > 1 and args.tensor_parallel_size != jax.device_count():
+            raise ValueError(
+                f"{jax.process_count()} processes: multi-host runs shard one model over every "
+                f"device of every process; set tensor_parallel_size={jax.device_count()} "
+                "(jax.device_count())")
         if args.tensor_parallel_size > 1:
-            from pagedjax import parallel
+            from pagedjax import sharding
 
-            self.model, self.params, self.mesh = parallel.load_sharded(
+            self.model, self.params, self.mesh = sharding.load_sharded(
                 args.model, args.dtype, args.tensor_parallel_size)
         else:
             self.model, self.params = models.load_model(args.model, dtype=args.dtype)
@@ -116,9 +122,9 @@ class LLMEngine:
                                           args.max_num_seqs, budget)
         self.num_pages = num_pages
         if args.tensor_parallel_size > 1:
-            from pagedjax import parallel
+            from pagedjax import sharding
 
-            kv = parallel.allocate_sharded_kv(self.model, self.mesh, num_pages, args.page_size,
+            kv = sharding.allocate_sharded_kv(self.model, self.mesh, num_pages, args.page_size,
                                               None if args.kv_cache_dtype == "auto" else kv_dtype)
         else:
             kv = self.model.allocate_kv_caches(
@@ -127,19 +133,17 @@ class LLMEngine:
                 and self.model.can_scan()):
             self.params = self.model.stack_params(self.params)
             kv = self.model.stack_kv_caches(kv)
-        self.attn_backend = resolve_backend(args.attention_backend)
+        self.attn_backend = self._resolve_backend(args.attention_backend)
         self.scheduler = Scheduler(num_pages, args.page_size, args.max_num_seqs, mnbt,
                                    self.max_model_len,
                                    enable_prefix_caching=args.enable_prefix_caching,
                                    policy=args.scheduling_policy)
         self.runner = Runner(self.model, self.params, kv, page_size=args.page_size,
                              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=mnbt,
-                             max_model_len=self.max_model_len, attn_backend=self.attn_backend,
-                             mesh=self.mesh)
-        if self.mesh is not None or jax.process_count() > 1:
-            from pagedjax import parallel
-
-            parallel.setup_engine(self)  # pin KV shardings; multi-host: follow/lead steps
+                             max_model_len=self.max_model_len,
+                             plan=make_plan(self.attn_backend, self.mesh))
+        # Multi-host: process 0 publishes its requests to the followers before each step.
+        self._leader = multihost.make_leader()
         self.eos_token_ids = tuple(info.eos_token_ids) or (
             (self.tokenizer.eos_token_id,) if self.tokenizer.eos_token_id is not None else ())
         self._states: dict[str, _ReqState] = {}
@@ -152,6 +156,16 @@ class LLMEngine:
         self.finished_metrics: list[RequestMetrics] = []
         self._beam_roots: set[str] = set()  # requests driven by beam_search.py
         self._beam_logprobs: dict[str, dict[int, float]] = {}
+
+    def _resolve_backend(self, requested: str) -> str:
+        """``auto`` under tensor parallelism on CPU is ``xla`` (GSPMD partitions it;
+        the C++ kernels would need shard_map too); elsewhere the platform's kernel,
+        per device through shard_map under TP."""
+        from kernels_pallas import resolve_backend
+
+        if requested == "auto" and self.mesh is not None and jax.default_backend() == "cpu":
+            return "xla"
+        return resolve_backend(requested)
 
     # ------------------------------------------------------------------ requests
     def tokenize(self, prompt: Any) -> tuple[str | None, list[int]]:
@@ -219,6 +233,8 @@ class LLMEngine:
                       arrival_time=arrival, priority=priority, max_model_len=self.max_model_len,
                       cache_salt=salt)
         self.scheduler.add_request(req)  # raises ValueError on a bad request
+        if self._leader is not None:
+            self._leader.publish_add(request_id, prompt, params, arrival, priority)
         self._states[request_id] = state
         self._seq_of[request_id] = (request_id, 0)
         self.num_prompt_tokens += len(ids)
@@ -226,6 +242,8 @@ class LLMEngine:
     def abort_request(self, request_id: str | Sequence[str]) -> None:
         """Abort requests at any time; their pages are freed at once."""
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        if self._leader is not None:
+            self._leader.publish_abort(ids)
         for rid in ids:
             state = self._states.pop(rid, None)
             if state is None:
@@ -269,6 +287,8 @@ class LLMEngine:
         Outputs are cumulative: each CompletionOutput holds the whole text and
         token ids so far (a stop-string prefix still being matched is held back).
         """
+        if self._leader is not None:
+            self._leader.before_step()
         out = self.scheduler.schedule()
         if not out.rows:
             return []

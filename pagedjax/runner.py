@@ -31,8 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernels_pallas import copy_pages
-from models.base import AttentionMetadata
-from models.layers import native_matmuls
+from models.base import AttentionMetadata, ExecutionPlan
 from pagedjax import sampler as sampler_mod
 from pagedjax.sampler import RowState
 
@@ -104,8 +103,7 @@ class Runner:
     """Owns params, the KV pool and the compiled step."""
 
     def __init__(self, model, params, kv_caches, *, page_size: int, max_num_seqs: int,
-                 max_num_batched_tokens: int, max_model_len: int, attn_backend: str,
-                 mesh=None):
+                 max_num_batched_tokens: int, max_model_len: int, plan: ExecutionPlan):
         self.model = model
         self.params = params
         self.kv_caches = kv_caches
@@ -114,9 +112,10 @@ class Runner:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_pages = -(-max_model_len // page_size)
         self.max_model_len = max_model_len
-        self.attn_backend = attn_backend
+        self.plan = plan
+        self.attn_backend = plan.attn_backend
         self.vocab_size = model.info.vocab_size
-        self.mesh = mesh
+        self.mesh = plan.mesh
         self.shapes_seen: set[tuple] = set()
         self.step_times: list[float] = []
         # Beside each step time: (decode-only, S bucket, T bucket, real rows, real tokens).
@@ -125,36 +124,31 @@ class Runner:
         # Two programs per step: the model (compiled per shape bucket, the
         # expensive one) and the sampler (per row bucket and feature flags,
         # cheap). Logits stay on the device between them.
-        self._step = jax.jit(self._step_impl, static_argnames=("prompt_k",), donate_argnums=(1,))
+        # The plan is a static argument: the compiled program depends only on
+        # the arguments. Under tensor parallelism the KV pool's sharding is
+        # pinned on the outputs (see sharding.step_shardings).
+        step_out = copy_out = None
+        if self.mesh is not None:
+            from pagedjax.sharding import step_shardings
+
+            rep, kv_sh = step_shardings(self.mesh, kv_caches)
+            step_out, copy_out = (rep, rep, kv_sh), kv_sh
+        self._step = jax.jit(self._step_impl, static_argnames=("plan", "prompt_k"),
+                             donate_argnums=(1,), out_shardings=step_out)
         self._sample = jax.jit(self._sample_impl, static_argnames=("num_logprobs",))
-        self._copy = jax.jit(self._copy_impl, donate_argnums=(0,))
+        self._copy = jax.jit(self._copy_impl, donate_argnums=(0,), out_shardings=copy_out)
 
     # ------------------------------------------------------------------ device
-    # Steps of at most this many tokens run their matmuls in the C++ kernel on the
-    # cpu_native backend: faster than XLA:CPU's GEMM at 2-32 rows on a 2-core Zen 3,
-    # even at 64, slower at 128 (benchmarks/cpu_kernels.py; prefill steps stay with XLA).
-    NATIVE_MATMUL_MAX_ROWS = 32
-
-    def matmul_context(self):
-        """Context to trace the model in: routes few-row matmuls to the C++ kernel
-        on the cpu_native backend (read at trace time, see models/layers.py)."""
-        rows = 0
-        if self.attn_backend == "cpu_native":
-            from kernels_pallas import cpu_native
-
-            rows = self.NATIVE_MATMUL_MAX_ROWS if cpu_native.fast_matmul() else 0
-        return native_matmuls(rows)
-
-    def _step_impl(self, params, kv_caches, batch: BatchInputs, *, prompt_k):
+    def _step_impl(self, params, kv_caches, batch: BatchInputs, *, plan: ExecutionPlan,
+                   prompt_k):
         """The model part of a step: forward + logits of the rows to sample."""
-        with self.matmul_context():
-            hidden, kv_caches = self.model.forward(params, kv_caches, batch.token_ids,
-                                                   batch.meta)
-            logits = self.model.compute_logits(params, hidden[batch.logits_index])
-            plp = None
-            if prompt_k is not None:
-                all_logits = self.model.compute_logits(params, hidden)
-                plp = sampler_mod.prompt_logprobs(all_logits, batch.prompt_next_ids, prompt_k)
+        hidden, kv_caches = self.model.forward(params, kv_caches, batch.token_ids, batch.meta,
+                                               plan)
+        logits = self.model.compute_logits(params, hidden[batch.logits_index], plan)
+        plp = None
+        if prompt_k is not None:
+            all_logits = self.model.compute_logits(params, hidden, plan)
+            plp = sampler_mod.prompt_logprobs(all_logits, batch.prompt_next_ids, prompt_k)
         return logits, plp, kv_caches
 
     @staticmethod
@@ -252,8 +246,7 @@ class Runner:
                         next_ids[start + k] = full[nxt] if nxt < len(full) else 0
         meta = AttentionMetadata(
             positions=positions, slot_mapping=slots, kv_lens=kv_lens, page_table=page_table,
-            cu_q_lens=cu, num_seqs=np.int32(len(rows)), max_q_len=1 if decode else None,
-            attn_backend=self.attn_backend)
+            cu_q_lens=cu, num_seqs=np.int32(len(rows)), max_q_len=1 if decode else None)
         batch = BatchInputs(token_ids=token_ids, meta=meta, logits_index=logits_index,
                             prompt_next_ids=next_ids)
         st = sampler_mod.build_sampling_tensors(
@@ -278,7 +271,7 @@ class Runner:
         t0 = time.perf_counter()
         batch, st, sample_index = jax.device_put((batch, st, sample_index))
         logits, plp, self.kv_caches = self._step(self.params, self.kv_caches, batch,
-                                                 prompt_k=prompt_k)
+                                                 plan=self.plan, prompt_k=prompt_k)
         out = self._sample(logits, sample_index, st, num_logprobs=num_logprobs)
         out, plp = jax.device_get((out, plp))
         self.step_times.append(time.perf_counter() - t0)
@@ -389,6 +382,22 @@ class Runner:
                                                num_logprobs=num_logprobs))
         for r in buckets:  # copy-on-write page copies (n > 1, beam search)
             self.copy_pages([(0, 0)] * r)
+
+
+# Steps of at most this many tokens run their matmuls in the C++ kernel on the
+# cpu_native backend: faster than XLA:CPU's GEMM at 2-32 rows on a 2-core Zen 3,
+# even at 64, slower at 128 (benchmarks/cpu_kernels.py; prefill steps stay with XLA).
+NATIVE_MATMUL_MAX_ROWS = 32
+
+
+def make_plan(attn_backend: str, mesh=None) -> ExecutionPlan:
+    """The execution plan of an engine: its backend, matmul routing and mesh."""
+    rows = 0
+    if attn_backend == "cpu_native" and mesh is None:
+        from kernels_pallas import cpu_native
+
+        rows = NATIVE_MATMUL_MAX_ROWS if cpu_native.fast_matmul() else 0
+    return ExecutionPlan(attn_backend=attn_backend, native_matmul_rows=rows, mesh=mesh)
 
 
 def kv_cache_bytes_per_page(info, page_size: int, dtype) -> int:

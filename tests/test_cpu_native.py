@@ -150,22 +150,22 @@ def test_matmul_rows_do_not_depend_on_the_batch():
 
 
 def test_model_steps_use_the_native_matmul_only_for_few_rows():
-    """The runner's trace context: <= NATIVE_MATMUL_MAX_ROWS rows -> custom call."""
+    """The execution plan routes matmuls of <= native_matmul_rows rows to the custom call."""
     from models import layers as L
+    from models.base import ExecutionPlan
 
     x16 = jnp.ones((16, 64), jnp.float32)
     x17 = jnp.ones((17, 64), jnp.float32)
     w = jnp.ones((64, 2, 8), jnp.float32)
 
-    def hlo(x, rows=16):  # a fresh function per trace: the context is read while tracing
-        with L.native_matmuls(rows):
-            return jax.jit(lambda a, b: L.matmul(a, b)).lower(x, w).as_text()
+    def hlo(x, rows=16):
+        plan = ExecutionPlan(attn_backend="cpu_native", native_matmul_rows=rows)
+        return jax.jit(lambda a, b: L.matmul(a, b, plan)).lower(x, w).as_text()
 
     assert cpu_native.MATMUL_TARGET in hlo(x16)
     assert cpu_native.MATMUL_TARGET not in hlo(x17)
     assert cpu_native.MATMUL_TARGET not in hlo(x16, rows=0)
-    with L.native_matmuls(16):
-        y = L.matmul(x16, w)
+    y = L.matmul(x16, w, ExecutionPlan(attn_backend="cpu_native", native_matmul_rows=16))
     assert y.shape == (16, 2, 8) and np.all(np.asarray(y) == 64.0)
 
 

@@ -18,6 +18,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import kernels_pallas  # noqa: E402
 import models  # noqa: E402
+from models.base import ExecutionPlan  # noqa: E402
 from models.metadata import SeqChunk, build_metadata  # noqa: E402
 
 RTOL_SCALE = 2e-4
@@ -210,7 +211,7 @@ def test_int8_kv_cache_close(tiny):
 
 
 def test_attention_fn_hook_gets_every_layer(tiny):
-    """model.attention_fn replaces the kernel call (for shard_map under TP); same logits."""
+    """plan.attention_fn replaces the kernel call in every layer; same logits."""
     hf, _, model, params = tiny("gemma3")
     calls = []
 
@@ -219,13 +220,10 @@ def test_attention_fn_hook_gets_every_layer(tiny):
         return kernels_pallas.ragged_paged_attention(q, *args, **kw)
 
     ids = _prompt(8, 6)
-    model.attention_fn = spy
-    try:
-        meta = build_metadata([SeqChunk([2, 1], 0, len(ids))], 4)
-        hidden, _ = jax.jit(model.forward)(params, model.allocate_kv_caches(4, 4),
-                                           jnp.asarray(ids, jnp.int32), meta)
-    finally:
-        model.attention_fn = None
+    plan = ExecutionPlan(attention_fn=spy)
+    meta = build_metadata([SeqChunk([2, 1], 0, len(ids))], 4)
+    hidden, _ = jax.jit(model.forward, static_argnums=4)(
+        params, model.allocate_kv_caches(4, 4), jnp.asarray(ids, jnp.int32), meta, plan)
     assert calls == [4, None, 4]  # sliding, full, sliding
     assert_close(model.compute_logits(params, hidden), hf_logits(hf, ids), "gemma3 hook")
 

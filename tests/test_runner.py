@@ -13,6 +13,7 @@ import pytest
 
 from pagedjax import LLM, SamplingParams
 from pagedjax.runner import CompileCounter, Runner
+from models.base import ExecutionPlan
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,7 @@ def test_bucket_sizes_are_powers():
 
     kw = dict(page_size=16, max_num_seqs=64, max_num_batched_tokens=512, max_model_len=2048)
     # Pallas kernels: page-table width bucketed too.
-    r = Runner(M(), {}, (), attn_backend="pallas_gpu", **kw)
+    r = Runner(M(), {}, (), plan=ExecutionPlan(attn_backend="pallas_gpu"), **kw)
     assert r.bucket_sizes(3, 3, 2, decode=True) == (4, 4, 4)
     assert r.bucket_sizes(1, 1, 2, decode=True) == (1, 1, 4)
     assert r.bucket_sizes(9, 9, 5, decode=True) == (16, 16, 8)
@@ -49,7 +50,7 @@ def test_bucket_sizes_are_powers():
     # Page buckets never exceed what max_model_len needs.
     assert r.bucket_sizes(1, 1, 500, decode=True)[2] == 128
     # XLA attention loops only over the live context: always the full width.
-    r = Runner(M(), {}, (), attn_backend="xla", **kw)
+    r = Runner(M(), {}, (), plan=ExecutionPlan(attn_backend="xla"), **kw)
     assert r.bucket_sizes(3, 3, 2, decode=True) == (4, 4, 128)
     assert r.bucket_sizes(5, 100, 20, decode=False) == (256, 8, 128)
     shapes = r.warmup_shapes()

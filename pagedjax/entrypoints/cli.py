@@ -31,7 +31,7 @@ def add_engine_args(p: argparse.ArgumentParser, with_model: bool = True) -> None
     p.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype, choices=["auto", "int8", "fp8"])
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=d.tensor_parallel_size)
     p.add_argument("--scheduling-policy", default=d.scheduling_policy, choices=["fcfs", "priority"])
-    # Multi-host tensor parallelism (jax.distributed); see pagedjax/parallel.py.
+    # Multi-host tensor parallelism (jax.distributed); see pagedjax/multihost.py.
     p.add_argument("--coordinator-address", default=None,
                    help="host:port of process 0 (multi-host; or $PAGEDJAX_COORDINATOR_ADDRESS)")
     p.add_argument("--num-processes", type=int, default=None,
@@ -84,9 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     if any(v is not None for v in dist) or any(
             os.environ.get(f"PAGEDJAX_{k}") for k in ("COORDINATOR_ADDRESS", "NUM_PROCESSES",
                                                       "PROCESS_ID", "DISTRIBUTED")):
-        from pagedjax import parallel
+        from pagedjax.entrypoints import multihost
 
-        return parallel.distributed_main(ns, *dist)
+        return multihost.distributed_main(ns, *dist)
     return ns.func(ns)
 
 
