@@ -24,7 +24,6 @@ def run_beam_search(engine, prompts: list, params: BeamSearchParams,
     """Run beam search for each prompt (all prompts' beams share each step)."""
     ids = id_counter or itertools.count()
     bw = params.beam_width
-    sched = engine.scheduler
     eos = set(engine.eos_token_ids)
     results = []
     # Per prompt: live beams {scheduler id: (tokens, cum_logprob)}, finished list.
@@ -33,11 +32,9 @@ def run_beam_search(engine, prompts: list, params: BeamSearchParams,
                                  logprobs=2 * bw, ignore_eos=True, detokenize=False)
     for prompt in prompts:
         rid = f"beam-{next(ids)}"
-        engine.add_request(rid, prompt, step_params)
-        state = engine._states[rid]
-        engine._beam_roots.add(rid)
-        groups.append(dict(root=rid, prompt=state.prompt, prompt_ids=state.prompt_token_ids,
-                           live={rid: ([], 0.0)}, done=[]))
+        _, prompt_ids = engine.tokenize(prompt)
+        engine.add_request(rid, {"prompt_token_ids": prompt_ids}, step_params, beam=True)
+        groups.append(dict(root=rid, prompt_ids=prompt_ids, live={rid: ([], 0.0)}, done=[]))
     fork_ids = itertools.count()
     try:
         for step in range(params.max_tokens):
@@ -47,9 +44,10 @@ def run_beam_search(engine, prompts: list, params: BeamSearchParams,
             while want - set(got):
                 engine.step()
                 for sid in want - set(got):
-                    if sid in engine._beam_logprobs:
-                        got[sid] = engine._beam_logprobs.pop(sid)
-                    elif sched.get_request(sid) is None:
+                    top = engine.take_top_logprobs(sid)
+                    if top is not None:
+                        got[sid] = top
+                    elif engine.is_sequence_finished(sid):
                         got[sid] = {}  # finished by the engine (length limit): no candidates
                 if not engine.has_unfinished_requests() and want - set(got):
                     raise RuntimeError("beam search: the engine stopped with beams pending")
@@ -80,18 +78,16 @@ def run_beam_search(engine, prompts: list, params: BeamSearchParams,
                         target = sid
                     else:
                         target = f"{g['root']}-f{next(fork_ids)}"
-                        sched.fork_request(sid, target)
-                        engine._seq_of[target] = engine._seq_of[sid]
-                    req = sched.get_request(target)
-                    req.output_token_ids[-1] = toks[-1]
+                        engine.fork_sequence(sid, target)
+                    engine.replace_pending_token(target, toks[-1])
                     new_live[target] = (toks, cum)
                 for sid in g["live"]:
                     if sid not in used:
-                        sched.abort_request(sid)
+                        engine.finish_sequence(sid)
                 if step == params.max_tokens - 1 or not new_live:
                     for sid, (toks, cum) in new_live.items():
                         g["done"].append((toks, cum))
-                        sched.abort_request(sid)
+                        engine.finish_sequence(sid)
                     new_live = {}
                 g["live"] = new_live
             if all(not g["live"] for g in groups):
@@ -99,10 +95,7 @@ def run_beam_search(engine, prompts: list, params: BeamSearchParams,
     finally:
         for g in groups:
             for sid in g["live"]:
-                sched.abort_request(sid)
-            engine._states.pop(g["root"], None)
-            engine._beam_roots.discard(g["root"])
-            engine._beam_logprobs.clear()
+                engine.finish_sequence(sid)
     tok = engine.tokenizer
     for g in groups:
         done = sorted(g["done"], key=lambda d: -get_beam_search_score(

@@ -61,6 +61,9 @@ class EngineArgs:
             compiles, but slower steps on CPU because the scanned KV pool
             update is not in place, so it is off by default); used when the
             model supports it and tensor_parallel_size == 1.
+        async_scheduling: overlap each step's host work (scheduling, input
+            padding, detokenization) with the previous step on the device;
+            the same outputs as False, which runs steps serially (debugging).
     """
 
     model: str | None = None
@@ -82,6 +85,7 @@ class EngineArgs:
     enforce_eager: bool = False
     scan_layers: bool = False
     compilation_cache_dir: str | None = None
+    async_scheduling: bool = True
 
     def validate(self) -> None:
         def positive(name: str, value: Any) -> None:

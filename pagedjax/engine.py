@@ -1,14 +1,18 @@
-"""LLMEngine: add_request / step / abort — the scheduler, runner and text side joined.
+"""LLMEngine: add_request / step / abort, built from three parts.
 
-One ``step()``: schedule -> copy-on-write page copies -> one device step ->
-scheduler update -> incremental detokenization and stop strings ->
-``RequestOutput`` for every request that changed. Not thread-safe: the server
-drives it from one engine thread.
+* :class:`~pagedjax.core.EngineCore` schedules, runs the device step and
+  updates the scheduler; it returns plain per-sequence token deltas and
+  overlaps the next step with the device (``async_scheduling``);
+* :class:`~pagedjax.output_processor.OutputProcessor` turns them into text,
+  stop strings, logprob dicts and ``RequestOutput``;
+* this class validates requests, wires the two together and hands stop-string
+  finishes back to the core after each step.
+
+Not thread-safe: the server drives it from one engine thread (``AsyncLLM``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import time
 from typing import Any, Sequence
@@ -16,13 +20,13 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from pagedjax.config import EngineArgs, default_cache_dir
-from pagedjax.outputs import (CompletionOutput, RequestMetrics, RequestOutput,
-                              make_logprobs_dict)
-from pagedjax.request import Request
 from pagedjax import multihost
-from pagedjax.runner import Runner, SampleRow, default_num_pages, make_plan
-from pagedjax.sampler import RowState
+from pagedjax.config import EngineArgs, default_cache_dir
+from pagedjax.core import EngineCore
+from pagedjax.output_processor import OutputProcessor
+from pagedjax.outputs import RequestOutput
+from pagedjax.request import Request
+from pagedjax.runner import Runner, default_num_pages, make_plan
 from pagedjax.sampling_params import SamplingParams
 from pagedjax.scheduler import Scheduler
 
@@ -36,37 +40,6 @@ def _enable_compilation_cache(path: str | None) -> None:
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     except Exception:  # noqa: BLE001 - an old jax without these flags: run uncached
         pass
-
-
-@dataclasses.dataclass
-class _Seq:
-    """One of a request's n output sequences (text side)."""
-
-    index: int
-    detok: Any
-    stop: Any
-    params: SamplingParams
-    text: str = ""
-    token_ids: list = dataclasses.field(default_factory=list)
-    cumulative_logprob: float = 0.0
-    logprobs: list | None = None
-    finish_reason: str | None = None
-    stop_reason: Any = None
-
-
-@dataclasses.dataclass
-class _ReqState:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    seqs: dict[int, _Seq]
-    metrics: RequestMetrics
-    fallback_seed: int
-    bad_words_ids: list
-    prompt_logprobs: list | None = None
-    num_cached_tokens: int = 0
-    finished: bool = False
 
 
 class LLMEngine:
@@ -146,16 +119,12 @@ class LLMEngine:
         self._leader = multihost.make_leader()
         self.eos_token_ids = tuple(info.eos_token_ids) or (
             (self.tokenizer.eos_token_id,) if self.tokenizer.eos_token_id is not None else ())
-        self._states: dict[str, _ReqState] = {}
-        self._seq_of: dict[str, tuple[str, int]] = {}  # scheduler id -> (request id, index)
+        self.core = EngineCore(self.scheduler, self.runner, self.eos_token_ids,
+                               async_scheduling=args.async_scheduling)
+        self.processor = OutputProcessor(self.tokenizer)
         self._rng = np.random.default_rng(args.seed)
         self._counter = itertools.count()
-        self.num_steps = 0
-        self.num_generated_tokens = 0
         self.num_prompt_tokens = 0
-        self.finished_metrics: list[RequestMetrics] = []
-        self._beam_roots: set[str] = set()  # requests driven by beam_search.py
-        self._beam_logprobs: dict[str, dict[int, float]] = {}
 
     def _resolve_backend(self, requested: str) -> str:
         """``auto`` under tensor parallelism on CPU is ``xla`` (GSPMD partitions it;
@@ -188,14 +157,19 @@ class LLMEngine:
                          f"'prompt' or 'prompt_token_ids'; got {type(prompt).__name__}")
 
     def add_request(self, request_id: str, prompt: Any, params: SamplingParams | None = None,
-                    arrival_time: float | None = None, priority: int = 0) -> None:
-        """Validate and queue one request. Raises ValueError before any work starts."""
+                    arrival_time: float | None = None, priority: int = 0, *,
+                    beam: bool = False) -> None:
+        """Validate and queue one request. Raises ValueError before any work starts.
+
+        ``beam=True``: a sequence driven by beam search (no text side; its top-k
+        logprobs are kept for :meth:`take_top_logprobs`, and steps run serially).
+        """
         from pagedjax import tokenizer as tok_mod
 
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be SamplingParams, got {type(params).__name__}")
-        if request_id in self._states:
+        if self.processor.has(request_id) or not self.core.is_finished(request_id):
             raise ValueError(f"request id {request_id!r} is already in use")
         text, ids = self.tokenize(prompt)
         if not ids:
@@ -207,239 +181,91 @@ class LLMEngine:
         arrival = time.time() if arrival_time is None else arrival_time
         bad_ids = tok_mod.bad_words_token_ids(self.tokenizer, params.bad_words) \
             if params.bad_words else []
-        seqs = {}
-        for i in range(params.n):
-            p = params
-            if params.seed is not None and i > 0:
-                p = params.clone()
-                p.seed = (params.seed + i) % (2**63)
-            seqs[i] = _Seq(
-                index=i,
-                detok=tok_mod.IncrementalDetokenizer(
-                    self.tokenizer, ids, skip_special_tokens=params.skip_special_tokens,
-                    spaces_between_special_tokens=params.spaces_between_special_tokens),
-                stop=tok_mod.StopChecker(params.stop or [], params.include_stop_str_in_output),
-                params=p, logprobs=[] if params.logprobs is not None else None)
-        state = _ReqState(request_id=request_id, prompt=text, prompt_token_ids=ids, params=params,
-                          seqs=seqs, metrics=RequestMetrics(arrival_time=arrival,
-                                                            last_token_time=arrival),
-                          fallback_seed=int(self._rng.integers(0, 2**31 - 1)),
-                          bad_words_ids=bad_ids,
-                          prompt_logprobs=[None] if params.prompt_logprobs is not None else None)
         # Prompt logprobs need every prompt position computed: a unique salt keeps
         # the prefix cache from skipping any of them.
         salt = f"plp-{request_id}-{next(self._counter)}" if params.prompt_logprobs is not None else None
         req = Request(request_id, ids, params, eos_token_ids=self.eos_token_ids,
                       arrival_time=arrival, priority=priority, max_model_len=self.max_model_len,
                       cache_salt=salt)
-        self.scheduler.add_request(req)  # raises ValueError on a bad request
+        self.core.add_request(req, int(self._rng.integers(0, 2**31 - 1)), bad_ids,
+                              keep_topk=beam)  # raises ValueError on a bad request
+        if not beam:
+            self.processor.add_request(request_id, text, ids, params, arrival)
         if self._leader is not None:
             self._leader.publish_add(request_id, prompt, params, arrival, priority)
-        self._states[request_id] = state
-        self._seq_of[request_id] = (request_id, 0)
         self.num_prompt_tokens += len(ids)
 
     def abort_request(self, request_id: str | Sequence[str]) -> None:
-        """Abort requests at any time; their pages are freed at once."""
+        """Abort requests (all their sequences) at any time; their pages are freed at once."""
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
         if self._leader is not None:
             self._leader.publish_abort(ids)
         for rid in ids:
-            state = self._states.pop(rid, None)
-            if state is None:
-                continue
-            for sid in self._sched_ids(rid):
-                self.scheduler.abort_request(sid)
-                self._seq_of.pop(sid, None)
-
-    def _sched_ids(self, rid: str) -> list[str]:
-        """Scheduler ids of a request's sequences (the scheduler names n > 1 children)."""
-        return [sid for sid, (r, _) in self._seq_of.items() if r == rid]
+            self.processor.abort(rid)
+            self.core.abort_request(rid)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._states)
+        return len(self.processor) > 0 or self.core.has_unfinished()
 
     def get_num_unfinished_requests(self) -> int:
-        return len(self._states)
+        return len(self.processor)
 
     def request_ids(self) -> list[str]:
         """Ids of every unfinished request (waiting or running)."""
-        return list(self._states)
+        return self.processor.request_ids()
 
     def scheduled_request_ids(self) -> list[str]:
         """Ids of unfinished requests that have been scheduled at least once."""
-        return [rid for rid, st in self._states.items()
-                if st.metrics.first_scheduled_time is not None]
+        return self.processor.scheduled_request_ids()
+
+    # ------------------------------------------------------------------ beam search
+    def fork_sequence(self, seq_id: str, new_seq_id: str) -> None:
+        """A new sequence sharing ``seq_id``'s tokens and KV pages (copy-on-write)."""
+        self.core.fork_sequence(seq_id, new_seq_id)
+
+    def replace_pending_token(self, seq_id: str, token_id: int) -> None:
+        """Swap a sequence's newest token (sampled, its KV not written yet)."""
+        self.core.replace_pending_token(seq_id, token_id)
+
+    def take_top_logprobs(self, seq_id: str) -> dict[int, float] | None:
+        """A beam sequence's top-k logprobs from the latest step (once), else None."""
+        return self.core.take_top_logprobs(seq_id)
+
+    def finish_sequence(self, seq_id: str) -> None:
+        """End one sequence of a request (a beam not kept); its pages are freed."""
+        self.core.finish_sequences([seq_id])
+
+    def is_sequence_finished(self, seq_id: str) -> bool:
+        return self.core.is_finished(seq_id)
 
     # ------------------------------------------------------------------ step
-    def _row_state(self, req: Request, seq: _Seq, state: _ReqState, fork_index: int | None):
-        params = seq.params
-        outputs = req.output_token_ids if fork_index is None else []
-        return RowState(params=params, prompt_token_ids=req.prompt_token_ids,
-                        output_token_ids=outputs,
-                        fallback_seed=(state.fallback_seed + 7919 * seq.index) % (2**31 - 1),
-                        eos_token_ids=self.eos_token_ids,
-                        bad_words_token_ids=state.bad_words_ids)
-
     def step(self) -> list[RequestOutput]:
-        """Run one scheduling + device step; return outputs of requests that changed.
+        """Run one step; return outputs of requests that changed.
 
         Outputs are cumulative: each CompletionOutput holds the whole text and
         token ids so far (a stop-string prefix still being matched is held back).
+        With ``async_scheduling`` the outputs are those of the step before the one
+        just launched.
         """
         if self._leader is not None:
             self._leader.before_step()
-        out = self.scheduler.schedule()
-        if not out.rows:
-            return []
-        now = time.time()
-        self.runner.copy_pages(out.page_copies)
-        sample_rows: list[SampleRow] = []
-        targets: list[tuple[str, str, int]] = []  # (scheduler id, request id, seq index)
-        prompt_lp: dict[str, int] = {}
-        prompt_tokens: dict[str, list[int]] = {}
-        for i, row in enumerate(out.rows):
-            req = self.scheduler.get_request(row.request_id)
-            rid, idx = self._seq_of[row.request_id]
-            state = self._states[rid]
-            if req is not None:
-                state.num_cached_tokens = max(state.num_cached_tokens, req.num_cached_tokens)
-            if state.metrics.first_scheduled_time is None:
-                state.metrics.first_scheduled_time = now
-                state.metrics.time_in_queue = now - state.metrics.arrival_time
-            if state.params.prompt_logprobs is not None and row.start_pos < len(state.prompt_token_ids):
-                prompt_lp[row.request_id] = state.params.prompt_logprobs
-                prompt_tokens[row.request_id] = state.prompt_token_ids
-            if row.num_samples == 0:
-                continue
-            if row.num_samples == 1:
-                seq = state.seqs[idx]
-                sample_rows.append(SampleRow(row.request_id, i, self._row_state(req, seq, state, None),
-                                             seq.params.logprobs))
-                targets.append((row.request_id, rid, idx))
-            else:
-                for j in range(row.num_samples):
-                    seq = state.seqs[j]
-                    sample_rows.append(SampleRow(row.request_id, i,
-                                                 self._row_state(req, seq, state, j),
-                                                 seq.params.logprobs))
-                    targets.append((row.request_id, rid, j))
-        res = self.runner.execute(out.rows, sample_rows, prompt_lp, prompt_tokens)
-        self.num_steps += 1
-        sampled: dict[str, list[int]] = {}
-        for j, (sid, rid, idx) in enumerate(targets):
-            tok = int(res.token_ids[j])
-            sampled.setdefault(sid, []).append(tok)
-            state = self._states[rid]
-            seq = state.seqs[idx]
-            seq.cumulative_logprob += float(res.logprob[j])
-            if rid in self._beam_roots:
-                k = seq.params.logprobs
-                self._beam_logprobs[sid] = {int(t): float(v) for t, v in
-                                            zip(res.topk_ids[j][:k], res.topk_logprobs[j][:k])}
-                continue
-            if seq.logprobs is not None:
-                k = seq.params.logprobs
-                seq.logprobs.append(make_logprobs_dict(
-                    tok, float(res.logprob[j]), int(res.rank[j]), res.topk_ids[j][:k],
-                    res.topk_logprobs[j][:k], self._decode_one))
-        for sid, arrays in res.prompt_logprobs.items():
-            self._add_prompt_logprobs(sid, out, arrays)
-        changed = self.scheduler.update(out, sampled)
-        touched: dict[str, _ReqState] = {}
-        now = time.time()
-        for req in changed:
-            if req.parent_id is not None and req.request_id not in self._seq_of:
-                parent_rid, _ = self._seq_of.get(req.parent_id, (req.parent_id, 0))
-                self._seq_of[req.request_id] = (parent_rid, req.sample_index)
-            ref = self._seq_of.get(req.request_id)
-            if ref is None:
-                continue
-            rid, idx = ref
-            state = self._states.get(rid)
-            if state is None:
-                continue
-            seq = state.seqs[idx]
-            new = req.output_token_ids[len(seq.token_ids):]
-            if new:
-                self._append_tokens(state, seq, req, new, now)
-            if req.is_finished and seq.finish_reason is None:
-                seq.finish_reason = req.finish_reason
-                seq.stop_reason = req.stop_reason
-                if seq.params.detokenize and seq.stop.stopped is None:
-                    seq.stop.add(seq.detok.flush())
-                seq.text = seq.stop.text
-            touched[rid] = state
-        outputs = []
-        for rid, state in touched.items():
-            done = all(s.finish_reason is not None for s in state.seqs.values())
-            if done:
-                state.finished = True
-                state.metrics.finished_time = now
-                self.finished_metrics.append(state.metrics)
-                self._states.pop(rid, None)
-                for sid in self._sched_ids(rid):
-                    self._seq_of.pop(sid, None)
-            outputs.append(self._make_output(state))
+        outputs, stops = self.processor.process(self.core.step())
+        for seq_id, matched in stops:  # stop strings: finished by the core after the update
+            self.core.finish_sequences([seq_id], "stop", matched)
         return outputs
 
-    def _decode_one(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id])
+    @property
+    def num_steps(self) -> int:
+        return self.core.num_steps
 
-    def _append_tokens(self, state: _ReqState, seq: _Seq, req: Request, new: list[int], now: float):
-        if state.metrics.first_token_time is None:
-            state.metrics.first_token_time = now
-        state.metrics.last_token_time = now
-        self.num_generated_tokens += len(new)
-        for tok in new:
-            seq.token_ids.append(tok)
-            if seq.finish_reason is not None:
-                continue
-            delta = seq.detok.add([tok]) if seq.params.detokenize else ""
-            matched = seq.stop.add(delta)
-            if matched is not None:
-                seq.finish_reason = "stop"
-                seq.stop_reason = matched
-                if not req.is_finished:
-                    self.scheduler.finish_request(req.request_id, "stop", matched)
-                break  # tokens past the stop string are dropped
-        seq.text = seq.stop.text if seq.finish_reason else seq.stop.text[:seq.stop.num_safe_chars]
-        if seq.finish_reason is not None and len(seq.token_ids) > len(req.output_token_ids):
-            seq.token_ids = seq.token_ids[:len(req.output_token_ids)]
+    @property
+    def num_generated_tokens(self) -> int:
+        return self.processor.num_generated_tokens
 
-    def _add_prompt_logprobs(self, sid: str, out, arrays) -> None:
-        ref = self._seq_of.get(sid)
-        if ref is None:
-            return
-        state = self._states[ref[0]]
-        if state.prompt_logprobs is None:
-            return
-        row = next(r for r in out.rows if r.request_id == sid)
-        lp, rank, tk_ids, tk_lp = arrays
-        k = state.params.prompt_logprobs
-        prompt = state.prompt_token_ids
-        for j in range(len(row.token_ids)):
-            pos = row.start_pos + j + 1  # the token whose logprob this is
-            if pos >= len(prompt) or pos < len(state.prompt_logprobs):
-                continue
-            state.prompt_logprobs.append(make_logprobs_dict(
-                prompt[pos], float(lp[j]), int(rank[j]), tk_ids[j][:k], tk_lp[j][:k],
-                self._decode_one))
-
-    def _make_output(self, state: _ReqState) -> RequestOutput:
-        outs = []
-        for i in sorted(state.seqs):
-            s = state.seqs[i]
-            outs.append(CompletionOutput(
-                index=i, text=s.text, token_ids=list(s.token_ids),
-                cumulative_logprob=s.cumulative_logprob if s.logprobs is not None else None,
-                logprobs=list(s.logprobs) if s.logprobs is not None else None,
-                finish_reason=s.finish_reason, stop_reason=s.stop_reason))
-        return RequestOutput(request_id=state.request_id, prompt=state.prompt,
-                             prompt_token_ids=state.prompt_token_ids,
-                             prompt_logprobs=state.prompt_logprobs, outputs=outs,
-                             finished=state.finished, metrics=dataclasses.replace(state.metrics),
-                             num_cached_tokens=state.num_cached_tokens)
+    @property
+    def finished_metrics(self):
+        """Metrics of recently finished requests (bounded)."""
+        return self.processor.finished_metrics
 
     # ------------------------------------------------------------------ stats
     def pool_stats(self):

@@ -23,6 +23,13 @@ yet computed (`num_computed_tokens == num_tokens - 1` after an update).  An
 engine that drives beam search may replace that pending token before the next
 `Scheduler.schedule()`.
 
+Placeholders (overlapped steps): `num_computed_tokens` advances when a row is
+scheduled, and a row that samples adds one placeholder (`num_pending`) for the
+token it will produce. The next step may be scheduled before that token is
+known: its row feeds the placeholder (token id -1 in `get_token_ids`), which
+the runner resolves on the device from the previous step's sampled tokens.
+`Scheduler.update` turns the placeholder into the real token.
+
 Extra fields beyond the brief, used by the scheduler / page pool:
     block_hashes          prefix-cache hashes of full token blocks (content
                           only, so they survive preemption and forks)
@@ -114,6 +121,7 @@ class Request:
         self.block_hashes: list[int] = []
         self.num_registered_pages = 0
         self.first_scheduled = False
+        self.num_pending = 0  # sampled tokens scheduled but not yet known (placeholders)
 
     # ---- token views -------------------------------------------------------
     @property
@@ -136,14 +144,22 @@ class Request:
     def is_finished(self) -> bool:
         return self.status.is_finished()
 
+    @property
+    def num_tokens_with_pending(self) -> int:
+        return self.num_tokens + self.num_pending
+
     def get_token_ids(self, start: int, end: int) -> list[int]:
-        """all_token_ids[start:end] without building the whole list."""
+        """all_token_ids[start:end] without building the whole list; positions of
+        placeholders (not yet known tokens) read -1."""
         p = len(self.prompt_token_ids)
+        known = self.num_tokens
+        pad = [-1] * max(0, end - max(start, known))
+        end = min(end, known)
         if end <= p:
-            return self.prompt_token_ids[start:end]
+            return self.prompt_token_ids[start:end] + pad
         if start >= p:
-            return self.output_token_ids[start - p:end - p]
-        return self.prompt_token_ids[start:] + self.output_token_ids[:end - p]
+            return self.output_token_ids[start - p:end - p] + pad
+        return self.prompt_token_ids[start:] + self.output_token_ids[:end - p] + pad
 
     # ---- lifecycle ---------------------------------------------------------
     def append_output_token(self, token_id: int) -> None:

@@ -17,10 +17,17 @@ are ever compiled:
 
 The KV pool is donated to the step so XLA updates it in place. One host->device
 transfer of the batch and one device->host copy of the sampled tokens per step.
+
+Overlap: :meth:`Runner.launch` dispatches a step and returns at once (JAX
+dispatch is asynchronous); :meth:`Runner.fetch` waits for its results. A row
+whose token is a placeholder (-1: sampled by the step still in flight) reads
+it on the device from that step's sampled tokens (``BatchInputs.token_src``),
+so the next step can be dispatched before the host knows the token.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import time
@@ -54,7 +61,8 @@ def _pow4(n: int, minimum: int) -> int:
 class BatchInputs:
     """One padded step (device arrays)."""
 
-    token_ids: jax.Array  # i32[T]
+    token_ids: jax.Array  # i32[T] (-1 where token_src says where to read it)
+    token_src: jax.Array  # i32[T] index into the previous step's sampled tokens, -1: none
     meta: AttentionMetadata
     logits_index: jax.Array  # i32[S] each sequence's last token (its logits row)
     prompt_next_ids: jax.Array  # i32[T] or i32[0]: next prompt token of each position
@@ -78,6 +86,19 @@ class StepResult:
     topk_ids: np.ndarray  # i32[R, K]
     topk_logprobs: np.ndarray  # f32[R, K]
     prompt_logprobs: dict[str, tuple[np.ndarray, ...]]  # request_id -> arrays for its chunk
+
+
+@dataclasses.dataclass
+class Launched:
+    """A dispatched step: device results not fetched yet."""
+
+    sampled: Any  # SamplerOutput of device arrays
+    plp: Any  # prompt logprob arrays or None
+    tokens: jax.Array  # i32[S_MAX] sampled token of each sampling row < S_MAX (next step's source)
+    cu_q_lens: np.ndarray
+    row_ids: list[str]
+    prompt_lp: dict[str, int]
+    t0: float
 
 
 class CompileCounter:
@@ -117,9 +138,13 @@ class Runner:
         self.vocab_size = model.info.vocab_size
         self.mesh = plan.mesh
         self.shapes_seen: set[tuple] = set()
-        self.step_times: list[float] = []
-        # Beside each step time: (decode-only, S bucket, T bucket, real rows, real tokens).
-        self.step_shapes: list[tuple[bool, int, int, int, int]] = []
+        # The latest steps only (bounded): launch-to-fetch seconds, and beside each
+        # (decode-only, S bucket, T bucket, real rows, real tokens).
+        self.step_times: collections.deque[float] = collections.deque(maxlen=1 << 16)
+        self.step_shapes: collections.deque[tuple] = collections.deque(maxlen=1 << 16)
+        self.num_steps = 0
+        self.s_max = _pow2(max_num_seqs, 1)  # rows per step, padded: the token source width
+        self._no_tokens = jnp.zeros(self.s_max, jnp.int32)
         CompileCounter.install()
         # Two programs per step: the model (compiled per shape bucket, the
         # expensive one) and the sampler (per row bucket and feature flags,
@@ -139,11 +164,15 @@ class Runner:
         self._copy = jax.jit(self._copy_impl, donate_argnums=(0,), out_shardings=copy_out)
 
     # ------------------------------------------------------------------ device
-    def _step_impl(self, params, kv_caches, batch: BatchInputs, *, plan: ExecutionPlan,
-                   prompt_k):
-        """The model part of a step: forward + logits of the rows to sample."""
-        hidden, kv_caches = self.model.forward(params, kv_caches, batch.token_ids, batch.meta,
-                                               plan)
+    def _step_impl(self, params, kv_caches, batch: BatchInputs, prev_tokens, *,
+                   plan: ExecutionPlan, prompt_k):
+        """The model part of a step: forward + logits of the rows to sample.
+
+        prev_tokens i32[S_MAX]: the previous step's sampled tokens (placeholder source).
+        """
+        src = batch.token_src
+        token_ids = jnp.where(src >= 0, prev_tokens[jnp.maximum(src, 0)], batch.token_ids)
+        hidden, kv_caches = self.model.forward(params, kv_caches, token_ids, batch.meta, plan)
         logits = self.model.compute_logits(params, hidden[batch.logits_index], plan)
         plp = None
         if prompt_k is not None:
@@ -151,10 +180,14 @@ class Runner:
             plp = sampler_mod.prompt_logprobs(all_logits, batch.prompt_next_ids, prompt_k)
         return logits, plp, kv_caches
 
-    @staticmethod
-    def _sample_impl(logits, sample_index, st, *, num_logprobs):
-        """logits f32[S, V] of the step's rows; sample_index i32[R] picks each sampling row's."""
-        return sampler_mod.sample(logits[sample_index], st, num_logprobs)
+    def _sample_impl(self, logits, sample_index, st, *, num_logprobs):
+        """logits f32[S, V] of the step's rows; sample_index i32[R] picks each sampling row's.
+        Also returns the first S_MAX sampled tokens at a fixed shape (the next step's
+        placeholder source)."""
+        out = sampler_mod.sample(logits[sample_index], st, num_logprobs)
+        n = min(self.s_max, out.token_ids.shape[0])
+        tokens = jnp.zeros(self.s_max, jnp.int32).at[:n].set(out.token_ids[:n].astype(jnp.int32))
+        return out, tokens
 
     @staticmethod
     def _copy_impl(kv_caches, src, dst):
@@ -198,7 +231,8 @@ class Runner:
         return [1 << i for i in range(2, full.bit_length())]
 
     def prepare(self, rows, sample_rows: Sequence[SampleRow], prompt_lp: dict[str, int],
-                prompt_tokens: dict[str, list[int]] | None = None):
+                prompt_tokens: dict[str, list[int]] | None = None,
+                token_src: dict[str, int] | None = None):
         """Host-side padding. Returns (BatchInputs numpy pytree, SamplingTensors, statics)."""
         ps = self.page_size
         num_tokens = sum(len(r.token_ids) for r in rows)
@@ -210,6 +244,7 @@ class Runner:
         # own bucket, so the expensive model program never depends on them.
         r_pad = _pow2(max(num_sample_rows, 1), 8)
         token_ids = np.zeros(t, np.int32)
+        src = np.full(t, -1, np.int32)
         positions = np.zeros(t, np.int32)
         slots = np.zeros(t, np.int32)
         kv_lens = np.zeros(s, np.int32)
@@ -223,6 +258,8 @@ class Runner:
             pos = np.arange(r.start_pos, r.start_pos + n, dtype=np.int32)
             pages = np.asarray(r.page_ids, np.int32)
             token_ids[off:off + n] = r.token_ids
+            if r.token_ids[-1] < 0:  # a placeholder: the previous step's sampled token
+                src[off + n - 1] = token_src[r.request_id]
             positions[off:off + n] = pos
             slots[off:off + n] = pages[pos // ps] * ps + pos % ps
             kv_lens[i] = r.start_pos + n
@@ -247,7 +284,8 @@ class Runner:
         meta = AttentionMetadata(
             positions=positions, slot_mapping=slots, kv_lens=kv_lens, page_table=page_table,
             cu_q_lens=cu, num_seqs=np.int32(len(rows)), max_q_len=1 if decode else None)
-        batch = BatchInputs(token_ids=token_ids, meta=meta, logits_index=logits_index,
+        batch = BatchInputs(token_ids=token_ids, token_src=src, meta=meta,
+                            logits_index=logits_index,
                             prompt_next_ids=next_ids)
         st = sampler_mod.build_sampling_tensors(
             [sr.state for sr in sample_rows], r_pad, self.vocab_size, self.max_model_len)
@@ -260,32 +298,48 @@ class Runner:
             prompt_k = next(b for b in _LOGPROB_BUCKETS if b >= max(prompt_lp.values()))
         return batch, st, sample_index, num_logprobs, prompt_k, (t, s, p)
 
-    def execute(self, rows, sample_rows: Sequence[SampleRow], prompt_lp: dict[str, int] | None = None,
-                prompt_tokens: dict[str, list[int]] | None = None) -> StepResult:
-        """Run one step. ``prompt_lp`` maps request ids wanting prompt logprobs to k."""
+    def launch(self, rows, sample_rows: Sequence[SampleRow],
+               prompt_lp: dict[str, int] | None = None,
+               prompt_tokens: dict[str, list[int]] | None = None,
+               prev: Launched | None = None, token_src: dict[str, int] | None = None) -> Launched:
+        """Dispatch one step without waiting for it. ``prompt_lp`` maps request ids
+        wanting prompt logprobs to k; rows with a placeholder token read it from
+        ``prev``'s sampled tokens at ``token_src[request_id]``."""
         prompt_lp = prompt_lp or {}
         batch, st, sample_index, num_logprobs, prompt_k, shape = self.prepare(
-            rows, sample_rows, prompt_lp, prompt_tokens or {})
+            rows, sample_rows, prompt_lp, prompt_tokens or {}, token_src)
         key = (shape, num_logprobs, prompt_k, tuple(getattr(st, f) for f in sampler_mod._META))
         self.shapes_seen.add(key)
         t0 = time.perf_counter()
+        cu = batch.meta.cu_q_lens
         batch, st, sample_index = jax.device_put((batch, st, sample_index))
-        logits, plp, self.kv_caches = self._step(self.params, self.kv_caches, batch,
+        prev_tokens = prev.tokens if prev is not None else self._no_tokens
+        logits, plp, self.kv_caches = self._step(self.params, self.kv_caches, batch, prev_tokens,
                                                  plan=self.plan, prompt_k=prompt_k)
-        out = self._sample(logits, sample_index, st, num_logprobs=num_logprobs)
-        out, plp = jax.device_get((out, plp))
-        self.step_times.append(time.perf_counter() - t0)
+        out, tokens = self._sample(logits, sample_index, st, num_logprobs=num_logprobs)
+        self.num_steps += 1
         self.step_shapes.append((batch.meta.max_q_len == 1, shape[1], shape[0], len(rows),
                                  sum(len(r.token_ids) for r in rows)))
+        return Launched(out, plp, tokens, cu, [r.request_id for r in rows], prompt_lp, t0)
+
+    def fetch(self, launched: Launched) -> StepResult:
+        """Wait for a launched step; its sampled tokens and logprobs as numpy."""
+        out, plp = jax.device_get((launched.sampled, launched.plp))
+        self.step_times.append(time.perf_counter() - launched.t0)
         prompt_out = {}
         if plp is not None:
-            cu = np.asarray(batch.meta.cu_q_lens)
-            for i, r in enumerate(rows):
-                if r.request_id in prompt_lp:
+            cu = launched.cu_q_lens
+            for i, rid in enumerate(launched.row_ids):
+                if rid in launched.prompt_lp:
                     a, b = int(cu[i]), int(cu[i + 1])
-                    prompt_out[r.request_id] = tuple(np.asarray(x)[a:b] for x in plp)
+                    prompt_out[rid] = tuple(np.asarray(x)[a:b] for x in plp)
         return StepResult(np.asarray(out.token_ids), np.asarray(out.logprob), np.asarray(out.rank),
                           np.asarray(out.topk_ids), np.asarray(out.topk_logprobs), prompt_out)
+
+    def execute(self, rows, sample_rows: Sequence[SampleRow], prompt_lp: dict[str, int] | None = None,
+                prompt_tokens: dict[str, list[int]] | None = None) -> StepResult:
+        """Run one step and wait for it (no placeholders)."""
+        return self.fetch(self.launch(rows, sample_rows, prompt_lp, prompt_tokens))
 
     # ------------------------------------------------------------------ warm-up
     def warmup_shapes(self) -> list[tuple[int, int, int, bool]]:
@@ -378,8 +432,8 @@ class Runner:
                                                     self.vocab_size, self.max_model_len)
             num_logprobs = None if lp is None else next(b for b in _LOGPROB_BUCKETS if b >= lp)
             logits = jnp.zeros((s_, self.vocab_size), jnp.float32)
-            jax.block_until_ready(self._sample(logits, jnp.zeros(r, jnp.int32), jax.device_put(st),
-                                               num_logprobs=num_logprobs))
+            jax.block_until_ready(self._sample(logits, jnp.zeros(r, jnp.int32),
+                                               jax.device_put(st), num_logprobs=num_logprobs))
         for r in buckets:  # copy-on-write page copies (n > 1, beam search)
             self.copy_pages([(0, 0)] * r)
 

@@ -18,8 +18,14 @@ catching up with `num_tokens`.  One `schedule()`:
    admission.  With chunked prefill off a request is admitted only when its
    whole remaining prompt fits the budget.
 
-`update(output, sampled)` then advances every row, registers newly full pages
-in the prefix cache, appends sampled tokens, forks n > 1 requests when their
+`schedule()` advances each row's `num_computed_tokens` at once and gives every
+row that samples a placeholder for its token (`Request.num_pending`), so the
+next step can be scheduled before this one's tokens are known (overlapped
+steps). A request whose placeholders already reach a length limit is not
+scheduled again; a preempted request with a placeholder waits for it.
+
+`update(output, sampled)` then registers newly full pages in the prefix cache,
+turns placeholders into the sampled tokens, forks n > 1 requests when their
 prompt completes (the parent stays sample 0; children `f"{id}-{i}"`,
 i = 1..n-1, get `parent_id`, `sample_index` and the parent's pages through
 `PagePool.fork`), applies the stop rules (see `Request.check_stop`) and frees
@@ -37,6 +43,8 @@ Contract with the engine
 * sampled[request_id] holds `num_samples` tokens for every row with
   num_samples > 0 (rows with 0 may be omitted).  Rows of requests aborted
   between schedule() and update() are ignored.
+* update() must be called once per schedule(), in the same order; at most one
+  schedule() may run ahead of its update() (one step in flight).
 * Call fork_request (beam search) after update() and before the next
   schedule().  Forked requests may push the running count past max_num_seqs;
   rows per step never exceed it.
@@ -250,8 +258,8 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0 and len(rows) < self.max_num_seqs:
             req = self.running[i]
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
-            if num_new <= 0:
+            num_new = min(req.num_tokens_with_pending - req.num_computed_tokens, budget)
+            if num_new <= 0 or self._length_capped(req):
                 i += 1
                 continue
             cow = self._reserve(req, num_new)
@@ -276,8 +284,10 @@ class Scheduler:
         ps = self.page_size
         while len(self.waiting) and budget > 0 and len(rows) < self.max_num_seqs:
             req = self.waiting.peek()
+            if req.num_pending:
+                break  # preempted with a token in flight: recompute once it is known
             seqs = req.n if self._samples_n(req) else 1
-            if len(self.running) + seqs > self.max_num_seqs:
+            if len(self.running) + self._unforked_children() + seqs > self.max_num_seqs:
                 break
             hits = self.pool.peek_prefix(req.all_token_ids, req.cache_salt,
                                          block_hashes=req.block_hashes) \
@@ -307,6 +317,22 @@ class Scheduler:
             rows[req.request_id] = self._make_row(req, num_new)
             budget -= num_new
 
+    def _length_capped(self, req: Request) -> bool:
+        """True when the request's placeholders already reach max_tokens or the length
+        cap: it finishes when they land, so it gets no more rows."""
+        if not req.num_pending:
+            return False
+        outputs = req.num_output_tokens + req.num_pending
+        return (req.max_tokens is not None and outputs >= req.max_tokens) or \
+            req.num_tokens_with_pending >= min(req.max_model_len or self.max_model_len,
+                                               self.max_seq_len)
+
+    def _unforked_children(self) -> int:
+        """n > 1 children still to be forked when in-flight prompt rows land."""
+        return sum(r.n - 1 for r in self.running
+                   if r.n > 1 and r.parent_id is None and r.num_output_tokens == 0
+                   and r.num_pending)
+
     def _reserve(self, req: Request, num_new: int) -> list[tuple[int, int]] | None:
         """Pages (and CoW copies) so req can write num_new tokens; None if short."""
         ps, pool, table = self.page_size, self.pool, req.page_ids
@@ -334,6 +360,8 @@ class Scheduler:
         """Preempt req; return the budget its row (if any) had taken."""
         self.running.remove(req)
         row = rows.pop(req.request_id, None)
+        if row is not None and row.num_samples:
+            req.num_pending -= 1  # the row's placeholder goes with it
         copies.pop(req.request_id, None)
         self.pool.free(req.page_ids)
         req.page_ids = []
@@ -347,28 +375,31 @@ class Scheduler:
 
     @staticmethod
     def _samples_n(req: Request) -> bool:
-        return req.n > 1 and req.num_output_tokens == 0 and req.parent_id is None
+        return (req.n > 1 and req.num_output_tokens == 0 and req.num_pending == 0
+                and req.parent_id is None)
 
     def _make_row(self, req: Request, num_new: int) -> ScheduledRow:
+        """The row, with the request advanced past it (and a placeholder if it samples)."""
         start = req.num_computed_tokens
         samples = 0
-        if start + num_new == req.num_tokens:
+        if start + num_new == req.num_tokens_with_pending:
             samples = req.n if self._samples_n(req) else 1
-        return ScheduledRow(req.request_id, req.get_token_ids(start, start + num_new),
-                            start, list(req.page_ids), samples)
+        row = ScheduledRow(req.request_id, req.get_token_ids(start, start + num_new),
+                           start, list(req.page_ids), samples)
+        req.num_computed_tokens = start + num_new
+        if samples:
+            req.num_pending += 1
+        return row
 
     # ---- update ------------------------------------------------------------
     def update(self, output: SchedulerOutput, sampled: dict[str, list[int]]) -> list[Request]:
         changed: list[Request] = []
+        finished_waiting = []
         for row in output.rows:
             req = self.requests.get(row.request_id)
-            if req is None or req.status != RequestStatus.RUNNING:
-                continue
-            if req.num_computed_tokens != row.start_pos:
-                raise ValueError(f"stale SchedulerOutput for {row.request_id!r}: expected "
-                                 f"start_pos {req.num_computed_tokens}, got {row.start_pos}")
-            req.num_computed_tokens = row.start_pos + len(row.token_ids)
-            if self.enable_prefix_caching:
+            if req is None:
+                continue  # finished or aborted since it was scheduled
+            if self.enable_prefix_caching and req.status == RequestStatus.RUNNING:
                 self._register(req)
             if row.num_samples == 0:
                 continue
@@ -376,25 +407,38 @@ class Scheduler:
             if not 1 <= len(tokens) <= row.num_samples:
                 raise ValueError(f"request {row.request_id!r}: expected {row.num_samples} "
                                  f"sampled token(s), got {len(tokens)}")
-            family = [req] + self._fork_children(req, len(tokens) - 1)
+            if req.num_pending < 1:
+                raise ValueError(f"request {row.request_id!r}: update() without a placeholder; "
+                                 "call update() once per schedule(), in order")
+            req.num_pending -= 1
+            end = row.start_pos + len(row.token_ids)
+            family = [req] + self._fork_children(req, len(tokens) - 1, end)
             for member, token in zip(family, tokens):
                 member.append_output_token(token)
+                was_waiting = member.status != RequestStatus.RUNNING
                 if member.check_stop(min(member.max_model_len, self.max_seq_len)):
+                    if was_waiting:
+                        finished_waiting.append(member)
                     self._release(member)
                 changed.append(member)
+        for req in finished_waiting:
+            self.waiting.remove(req)
         if any(r.is_finished for r in changed):
             self.running = [r for r in self.running if not r.is_finished]
         return changed
 
     def _register(self, req: Request) -> None:
-        full = min(req.num_computed_tokens // self.page_size, len(req.page_ids))
+        known = min(req.num_computed_tokens, req.num_tokens)  # placeholders have no content yet
+        full = min(known // self.page_size, len(req.page_ids))
         if full > req.num_registered_pages:
-            self.pool.register(req.page_ids, req.all_token_ids, req.num_computed_tokens,
+            self.pool.register(req.page_ids, req.all_token_ids, known,
                                req.cache_salt, block_hashes=req.block_hashes,
                                start_page=req.num_registered_pages)
             req.num_registered_pages = full
 
-    def _fork_children(self, parent: Request, count: int) -> list[Request]:
+    def _fork_children(self, parent: Request, count: int, computed: int) -> list[Request]:
+        """n > 1 children of a prompt row that ended at ``computed`` tokens (the
+        parent may have moved on since: a row in flight, or a preemption)."""
         children = []
         for i in range(1, count + 1):
             child_id = f"{parent.request_id}-{i}"
@@ -402,10 +446,19 @@ class Scheduler:
             while child_id in self.requests:
                 child_id, k = f"{parent.request_id}-{i}.{k}", k + 1
             child = parent.fork(child_id, sample_index=i)
-            child.page_ids = self.pool.fork(parent.page_ids)
-            child.status = RequestStatus.RUNNING
+            child.num_pending = 0
             self.requests[child_id] = child
-            self.running.append(child)
+            if parent.status == RequestStatus.RUNNING:
+                child.num_computed_tokens = computed
+                child.page_ids = self.pool.fork(parent.page_ids[:_cdiv(computed, self.page_size)])
+                child.num_registered_pages = min(child.num_registered_pages, len(child.page_ids))
+                child.status = RequestStatus.RUNNING
+                self.running.append(child)
+            else:  # the parent was preempted meanwhile: the child recomputes too
+                child.num_computed_tokens = 0
+                child.num_registered_pages = 0
+                child.status = RequestStatus.PREEMPTED
+                self.waiting.push(child, front=True)
             children.append(child)
         return children
 

@@ -1,0 +1,250 @@
+"""EngineCore: schedule -> execute -> update, with the next step overlapping the device.
+
+The core owns the scheduler and the runner and knows nothing about text. One
+:meth:`EngineCore.step`:
+
+1. ``Scheduler.schedule()`` for step N (rows whose previous token is still on
+   the device get a placeholder, see ``request.py``);
+2. ``Runner.launch`` dispatches step N without waiting (its placeholders read
+   step N-1's sampled tokens on the device);
+3. while the device runs step N, the host fetches step N-1's results,
+   ``Scheduler.update()``s them and turns them into plain per-sequence
+   :class:`~pagedjax.output_processor.SeqUpdate` s, which it returns.
+
+With ``async_scheduling=False`` (or while a request needs its full token
+history on the host before each step: repetition penalties, multi-token bad
+words, beam search) step N is fetched before the call returns, which is the
+serial engine. Both orders give the same tokens: sampling depends on each
+row's seed and position, never on the step it runs in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Sequence
+
+from pagedjax.output_processor import CoreOutput, SeqUpdate
+from pagedjax.request import Request
+from pagedjax.runner import Launched, Runner, SampleRow
+from pagedjax.sampler import RowState
+from pagedjax.sampling_params import SamplingParams
+from pagedjax.scheduler import Scheduler, SchedulerOutput
+
+
+@dataclasses.dataclass
+class _Sampling:
+    """Per-request sampling state, fixed at add time."""
+
+    params: list[SamplingParams]  # per sample index (seed + i for n > 1)
+    fallback_seed: int
+    bad_words_ids: list
+    prompt_logprobs: int | None
+    needs_history: bool  # the host must know every token before the next step
+    keep_topk: bool = False  # beam search reads each step's top-k
+
+
+@dataclasses.dataclass
+class _InFlight:
+    sched: SchedulerOutput
+    launched: Launched
+    targets: list[tuple[str, str, int]]  # per sampling row: (seq id, request id, index)
+    token_src: dict[str, int]  # seq id -> its row in this step's sampled tokens
+    prompt_starts: dict[str, int]
+
+
+class EngineCore:
+    """Scheduler + runner; sequences in, token deltas out."""
+
+    def __init__(self, scheduler: Scheduler, runner: Runner, eos_token_ids: Sequence[int],
+                 async_scheduling: bool = True):
+        self.scheduler = scheduler
+        self.runner = runner
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.async_scheduling = async_scheduling
+        self._sampling: dict[str, _Sampling] = {}  # request id -> sampling state
+        self._root: dict[str, tuple[str, int]] = {}  # seq id -> (request id, sample index)
+        self._inflight: _InFlight | None = None
+        self._topk: dict[str, dict[int, float]] = {}  # beam sequences: latest top-k
+        self.num_steps = 0
+
+    # ------------------------------------------------------------------ requests
+    def add_request(self, req: Request, fallback_seed: int, bad_words_ids: list,
+                    keep_topk: bool = False) -> None:
+        """Queue a request (raises ValueError from the scheduler's checks)."""
+        p = req.sampling_params
+        params = [p]
+        for i in range(1, p.n):
+            q = p
+            if p.seed is not None:
+                q = p.clone()
+                q.seed = (p.seed + i) % (2**63)
+            params.append(q)
+        history = bool(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0
+                       or any(len(w) > 1 for w in bad_words_ids))
+        self.scheduler.add_request(req)
+        self._sampling[req.request_id] = _Sampling(params, fallback_seed, bad_words_ids,
+                                                   p.prompt_logprobs, history, keep_topk)
+        self._root[req.request_id] = (req.request_id, 0)
+
+    def finish_sequences(self, seq_ids: Sequence[str], reason: str = "abort",
+                         stop_reason: Any = None) -> None:
+        """Finish sequences now (abort, or 'stop' for a stop string); pages freed at once."""
+        for sid in seq_ids:
+            self.scheduler.finish_request(sid, reason, stop_reason)
+            self._forget_seq(sid)
+
+    def abort_request(self, request_id: str) -> None:
+        """Abort a request and all of its sequences."""
+        for sid in [s for s, (r, _) in self._root.items() if r == request_id]:
+            self.scheduler.abort_request(sid)
+            self._forget_seq(sid)
+        self._sampling.pop(request_id, None)
+
+    def _forget_seq(self, sid: str) -> None:
+        self._topk.pop(sid, None)
+        ref = self._root.pop(sid, None)
+        if ref is not None and not any(r == ref[0] for r, _ in self._root.values()):
+            self._sampling.pop(ref[0], None)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished_requests() or self._inflight is not None
+
+    # ------------------------------------------------------------------ beams (public)
+    def fork_sequence(self, seq_id: str, new_seq_id: str) -> None:
+        """A new sequence sharing ``seq_id``'s tokens and pages (copy-on-write)."""
+        self._drain_check()
+        self.scheduler.fork_request(seq_id, new_seq_id)
+        self._root[new_seq_id] = self._root[seq_id]
+
+    def replace_pending_token(self, seq_id: str, token_id: int) -> None:
+        """Swap the newest (sampled, not yet computed) token of a sequence."""
+        self._drain_check()
+        req = self.scheduler.get_request(seq_id)
+        if req is None or not req.output_token_ids:
+            raise ValueError(f"sequence {seq_id!r} has no pending token to replace")
+        req.output_token_ids[-1] = int(token_id)
+
+    def take_top_logprobs(self, seq_id: str) -> dict[int, float] | None:
+        """The top-k logprobs of a keep_topk sequence's newest step (once), else None."""
+        return self._topk.pop(seq_id, None)
+
+    def is_finished(self, seq_id: str) -> bool:
+        return self.scheduler.get_request(seq_id) is None
+
+    def _drain_check(self) -> None:
+        if self._inflight is not None:
+            raise RuntimeError("beam search edits need the serial engine: no step in flight")
+
+    # ------------------------------------------------------------------ step
+    def _serial(self) -> bool:
+        return not self.async_scheduling or any(
+            s.needs_history or s.keep_topk for s in self._sampling.values())
+
+    def step(self) -> CoreOutput:
+        """Schedule and launch the next step; return the results of the one before
+        (or of this one when running serially)."""
+        out = CoreOutput()
+        if self._inflight is not None and self._serial():
+            self._complete(self._inflight, out)
+            self._inflight = None
+        sched = self.scheduler.schedule()
+        launched = self._launch(sched, out) if sched.rows else None
+        if self._inflight is not None:
+            self._complete(self._inflight, out)
+        self._inflight = launched
+        if launched is not None and self._serial():
+            self._complete(launched, out)
+            self._inflight = None
+        return out
+
+    def _row_state(self, req: Request, sid: str, index: int, fork: bool) -> RowState:
+        rid = self._root[sid][0]
+        s = self._sampling[rid]
+        # Placeholders count as outputs (the seed counter); this row's own one does not.
+        outputs = [] if fork else req.output_token_ids + [-1] * (req.num_pending - 1)
+        return RowState(params=s.params[index], prompt_token_ids=req.prompt_token_ids,
+                        output_token_ids=outputs,
+                        fallback_seed=(s.fallback_seed + 7919 * index) % (2**31 - 1),
+                        eos_token_ids=self.eos_token_ids, bad_words_token_ids=s.bad_words_ids)
+
+    def _launch(self, sched: SchedulerOutput, out: CoreOutput) -> _InFlight:
+        now = time.time()
+        self.runner.copy_pages(sched.page_copies)
+        first: list[SampleRow] = []
+        extra: list[SampleRow] = []
+        targets_first, targets_extra = [], []
+        prompt_lp: dict[str, int] = {}
+        prompt_tokens: dict[str, list[int]] = {}
+        prompt_starts: dict[str, int] = {}
+        for i, row in enumerate(sched.rows):
+            req = self.scheduler.get_request(row.request_id)
+            rid, idx = self._root[row.request_id]
+            out.first_scheduled.setdefault(rid, now)  # kept only the first time
+            out.num_cached_tokens[rid] = max(out.num_cached_tokens.get(rid, 0),
+                                             req.num_cached_tokens)
+            s = self._sampling[rid]
+            if s.prompt_logprobs is not None and row.start_pos < req.num_prompt_tokens:
+                prompt_lp[row.request_id] = s.prompt_logprobs
+                prompt_tokens[row.request_id] = req.prompt_token_ids
+                prompt_starts[row.request_id] = row.start_pos
+            if row.num_samples == 0:
+                continue
+            fork = row.num_samples > 1
+            lp = s.params[0].logprobs
+            first.append(SampleRow(row.request_id, i, self._row_state(req, row.request_id,
+                                                                      0 if fork else idx, fork), lp))
+            targets_first.append((row.request_id, rid, 0 if fork else idx))
+            for j in range(1, row.num_samples):
+                extra.append(SampleRow(row.request_id, i,
+                                       self._row_state(req, row.request_id, j, True), lp))
+                targets_extra.append((row.request_id, rid, j))
+        # Each row's first sample comes first, so a row's index in this step's
+        # sampled tokens is < max_num_seqs (the next step's placeholder source).
+        token_src = {t[0]: j for j, t in enumerate(targets_first)}
+        prev = self._inflight
+        launched = self.runner.launch(sched.rows, first + extra, prompt_lp, prompt_tokens,
+                                      prev=prev.launched if prev else None,
+                                      token_src=prev.token_src if prev else None)
+        self.num_steps += 1
+        return _InFlight(sched, launched, targets_first + targets_extra, token_src,
+                         prompt_starts)
+
+    def _complete(self, fl: _InFlight, out: CoreOutput) -> None:
+        res = self.runner.fetch(fl.launched)
+        sampled: dict[str, list[int]] = {}
+        for j, (sid, _, _) in enumerate(fl.targets):
+            sampled.setdefault(sid, []).append(int(res.token_ids[j]))
+        for sid, arrays in res.prompt_logprobs.items():
+            rid = self._root.get(sid, (None,))[0]
+            if rid is not None:
+                out.prompt_logprobs[rid] = (fl.prompt_starts[sid],) + tuple(arrays)
+        changed = self.scheduler.update(fl.sched, sampled)
+        first_of: dict[str, int] = {}  # seq id -> its sampling row
+        extra_of: dict[tuple[str, int], int] = {}  # (parent seq id, sample index) -> row
+        for j, (sid, _, idx) in enumerate(fl.targets):
+            if sid in first_of:
+                extra_of[(sid, idx)] = j
+            else:
+                first_of[sid] = j
+        for req in changed:
+            j = first_of.get(req.request_id)
+            if j is None:  # an n > 1 child forked by this update
+                j = extra_of.get((req.parent_id, req.sample_index))
+                if j is None or req.parent_id not in self._root:
+                    continue
+                self._root[req.request_id] = (self._root[req.parent_id][0], req.sample_index)
+            if req.request_id not in self._root:
+                continue
+            rid, idx = self._root[req.request_id]
+            up = SeqUpdate(req.request_id, rid, idx, [int(res.token_ids[j])],
+                           float(res.logprob[j]), int(res.rank[j]), res.topk_ids[j],
+                           res.topk_logprobs[j], req.finish_reason, req.stop_reason)
+            s = self._sampling.get(rid)
+            if s is not None and s.keep_topk:
+                k = s.params[0].logprobs
+                self._topk[req.request_id] = {int(t): float(v) for t, v in
+                                              zip(res.topk_ids[j][:k], res.topk_logprobs[j][:k])}
+            out.updates.append(up)
+            if req.is_finished:
+                self._forget_seq(req.request_id)

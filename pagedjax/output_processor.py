@@ -1,0 +1,255 @@
+"""OutputProcessor: the text side of the engine (no JAX, no scheduler).
+
+The engine core hands over plain per-sequence results (:class:`SeqUpdate`:
+new token ids, logprob arrays, finish reason, parent request and sample
+index). This module turns them into vLLM's ``RequestOutput``: incremental
+detokenization, stop strings, logprob dicts, metrics. A stop string it finds
+is returned to the engine as a sequence to finish; the engine passes it to
+the core after this step's processing, never from inside the core's update.
+
+Logprob texts are decoded in one batched tokenizer call per step (with a
+bounded cache), not one ``tokenizer.decode([id])`` per token.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from typing import Any
+
+import numpy as np
+
+from pagedjax import tokenizer as tok_mod
+from pagedjax.outputs import CompletionOutput, RequestMetrics, RequestOutput, make_logprobs_dict
+from pagedjax.sampling_params import SamplingParams
+
+
+@dataclasses.dataclass
+class SeqUpdate:
+    """What one step did to one sequence (the core's output, plain Python)."""
+
+    seq_id: str  # the scheduler's id of the sequence
+    request_id: str  # the request it belongs to
+    index: int  # sample index within the request (n > 1)
+    new_token_ids: list[int]
+    logprob: float = 0.0  # of the new token (0.0 when none)
+    rank: int = 0
+    topk_ids: Any = ()  # i32[k] when the request wants logprobs
+    topk_logprobs: Any = ()  # f32[k]
+    finish_reason: str | None = None  # set by the core (EOS, stop token, length, abort)
+    stop_reason: Any = None
+
+
+@dataclasses.dataclass
+class CoreOutput:
+    """One core step: sequence updates, prompt logprob chunks, first-scheduled requests."""
+
+    updates: list[SeqUpdate] = dataclasses.field(default_factory=list)
+    # request id -> (first position, token ids, logprob, rank, topk ids, topk logprobs)
+    prompt_logprobs: dict[str, tuple] = dataclasses.field(default_factory=dict)
+    first_scheduled: dict[str, float] = dataclasses.field(default_factory=dict)  # id -> time
+    num_cached_tokens: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class _Seq:
+    index: int
+    detok: Any
+    stop: Any
+    params: SamplingParams
+    text: str = ""
+    token_ids: list = dataclasses.field(default_factory=list)
+    cumulative_logprob: float = 0.0
+    logprobs: list | None = None
+    finish_reason: str | None = None
+    stop_reason: Any = None
+
+
+@dataclasses.dataclass
+class _ReqState:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seqs: dict[int, _Seq]
+    metrics: RequestMetrics
+    prompt_logprobs: list | None = None
+    num_cached_tokens: int = 0
+    finished: bool = False
+
+
+class OutputProcessor:
+    """Per-request text state; ``process(core_output)`` -> (outputs, sequences to stop)."""
+
+    DECODE_CACHE = 1 << 16
+
+    def __init__(self, tokenizer, max_finished_metrics: int = 4096):
+        self.tokenizer = tokenizer
+        self._states: dict[str, _ReqState] = {}
+        self._decoded: dict[int, str] = {}
+        self.finished_metrics: collections.deque = collections.deque(maxlen=max_finished_metrics)
+        self.num_generated_tokens = 0
+
+    # ------------------------------------------------------------------ requests
+    def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
+                    params: SamplingParams, arrival_time: float) -> None:
+        seqs = {}
+        for i in range(params.n):
+            seqs[i] = _Seq(
+                index=i,
+                detok=tok_mod.IncrementalDetokenizer(
+                    self.tokenizer, prompt_token_ids,
+                    skip_special_tokens=params.skip_special_tokens,
+                    spaces_between_special_tokens=params.spaces_between_special_tokens),
+                stop=tok_mod.StopChecker(params.stop or [], params.include_stop_str_in_output),
+                params=params, logprobs=[] if params.logprobs is not None else None)
+        self._states[request_id] = _ReqState(
+            request_id=request_id, prompt=prompt, prompt_token_ids=prompt_token_ids,
+            params=params, seqs=seqs,
+            metrics=RequestMetrics(arrival_time=arrival_time, last_token_time=arrival_time),
+            prompt_logprobs=[None] if params.prompt_logprobs is not None else None)
+
+    def abort(self, request_id: str) -> bool:
+        return self._states.pop(request_id, None) is not None
+
+    def has(self, request_id: str) -> bool:
+        return request_id in self._states
+
+    def request_ids(self) -> list[str]:
+        return list(self._states)
+
+    def scheduled_request_ids(self) -> list[str]:
+        return [rid for rid, st in self._states.items()
+                if st.metrics.first_scheduled_time is not None]
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    # ------------------------------------------------------------------ step
+    def process(self, core: CoreOutput) -> tuple[list[RequestOutput], list[tuple[str, str]]]:
+        """Outputs of the requests that changed, and (sequence id, stop string) pairs
+        whose sequences the core must finish."""
+        now = time.time()
+        for rid, t in core.first_scheduled.items():
+            st = self._states.get(rid)
+            if st is not None and st.metrics.first_scheduled_time is None:
+                st.metrics.first_scheduled_time = t
+                st.metrics.time_in_queue = t - st.metrics.arrival_time
+        for rid, n in core.num_cached_tokens.items():
+            st = self._states.get(rid)
+            if st is not None:
+                st.num_cached_tokens = max(st.num_cached_tokens, n)
+        self._decode_all(core)
+        for rid, chunk in core.prompt_logprobs.items():
+            st = self._states.get(rid)
+            if st is not None:
+                self._add_prompt_logprobs(st, chunk)
+        touched: dict[str, _ReqState] = {}
+        stops: list[tuple[str, str]] = []
+        for up in core.updates:
+            st = self._states.get(up.request_id)
+            if st is None:
+                continue
+            seq = st.seqs[up.index]
+            if seq.finish_reason is not None:
+                continue  # stopped by a stop string: later tokens are dropped
+            if up.new_token_ids:
+                matched = self._append(st, seq, up, now)
+                if matched is not None and up.finish_reason is None:
+                    stops.append((up.seq_id, matched))
+            if up.finish_reason is not None and seq.finish_reason is None:
+                seq.finish_reason = up.finish_reason
+                seq.stop_reason = up.stop_reason
+                if seq.params.detokenize and seq.stop.stopped is None:
+                    seq.stop.add(seq.detok.flush())
+                seq.text = seq.stop.text
+            touched[up.request_id] = st
+        outputs = []
+        for rid, st in touched.items():
+            if all(s.finish_reason is not None for s in st.seqs.values()):
+                st.finished = True
+                st.metrics.finished_time = now
+                self.finished_metrics.append(st.metrics)
+                self._states.pop(rid, None)
+            outputs.append(self._make_output(st))
+        return outputs, stops
+
+    def _append(self, st: _ReqState, seq: _Seq, up: SeqUpdate, now: float) -> str | None:
+        """Add the new tokens; returns the stop string matched, if any."""
+        if st.metrics.first_token_time is None:
+            st.metrics.first_token_time = now
+        st.metrics.last_token_time = now
+        seq.cumulative_logprob += float(up.logprob)
+        if seq.logprobs is not None:
+            k = seq.params.logprobs
+            seq.logprobs.append(make_logprobs_dict(
+                up.new_token_ids[0], float(up.logprob), int(up.rank), up.topk_ids[:k],
+                up.topk_logprobs[:k], self._decoded.get))
+        matched = None
+        for tok in up.new_token_ids:
+            seq.token_ids.append(tok)
+            self.num_generated_tokens += 1
+            delta = seq.detok.add([tok]) if seq.params.detokenize else ""
+            matched = seq.stop.add(delta)
+            if matched is not None:
+                seq.finish_reason, seq.stop_reason = "stop", matched
+                break
+        seq.text = seq.stop.text if seq.finish_reason else seq.stop.text[:seq.stop.num_safe_chars]
+        return matched
+
+    def _add_prompt_logprobs(self, st: _ReqState, chunk: tuple) -> None:
+        if st.prompt_logprobs is None:
+            return
+        start, lp, rank, tk_ids, tk_lp = chunk
+        k = st.params.prompt_logprobs
+        prompt = st.prompt_token_ids
+        for j in range(len(lp)):
+            pos = start + j + 1  # the token whose logprob this is
+            if pos >= len(prompt) or pos < len(st.prompt_logprobs):
+                continue
+            st.prompt_logprobs.append(make_logprobs_dict(
+                prompt[pos], float(lp[j]), int(rank[j]), tk_ids[j][:k], tk_lp[j][:k],
+                self._decoded.get))
+
+    def _decode_all(self, core: CoreOutput) -> None:
+        """Decode every token id this step's logprob dicts name, in one batched call."""
+        want: set[int] = set()
+        for up in core.updates:
+            st = self._states.get(up.request_id)
+            if st is None or not up.new_token_ids or st.seqs[up.index].logprobs is None:
+                continue
+            want.add(int(up.new_token_ids[0]))
+            want.update(int(t) for t in up.topk_ids[:st.params.logprobs])
+        for rid, (start, _, _, tk_ids, _) in core.prompt_logprobs.items():
+            st = self._states.get(rid)
+            if st is None or st.prompt_logprobs is None:
+                continue
+            k = st.params.prompt_logprobs
+            want.update(int(t) for t in np.asarray(tk_ids)[:, :k].ravel())
+            n = len(tk_ids)
+            want.update(int(t) for t in st.prompt_token_ids[start + 1:start + 1 + n])
+        missing = [t for t in want if t not in self._decoded]
+        if not missing:
+            return
+        if len(self._decoded) + len(missing) > self.DECODE_CACHE:
+            self._decoded.clear()
+        texts = self.tokenizer.batch_decode([[t] for t in missing])
+        self._decoded.update(zip(missing, texts))
+
+    @staticmethod
+    def _make_output(st: _ReqState) -> RequestOutput:
+        outs = []
+        for i in sorted(st.seqs):
+            s = st.seqs[i]
+            outs.append(CompletionOutput(
+                index=i, text=s.text, token_ids=list(s.token_ids),
+                cumulative_logprob=s.cumulative_logprob if s.logprobs is not None else None,
+                logprobs=list(s.logprobs) if s.logprobs is not None else None,
+                finish_reason=s.finish_reason, stop_reason=s.stop_reason))
+        return RequestOutput(request_id=st.request_id, prompt=st.prompt,
+                             prompt_token_ids=st.prompt_token_ids,
+                             prompt_logprobs=st.prompt_logprobs, outputs=outs,
+                             finished=st.finished, metrics=dataclasses.replace(st.metrics),
+                             num_cached_tokens=st.num_cached_tokens)
+
