@@ -71,7 +71,7 @@ def measure(ns) -> dict:
     rows_list = [int(x) for x in ns.rows.split(",")]
     s_max = max(rows_list)
     llm = LLM(model=ns.model, max_model_len=max(ns.context, ns.tokens) + 16, max_num_seqs=s_max,
-              max_num_batched_tokens=max(ns.tokens, 16), enforce_eager=True,
+              max_num_batched_tokens=max(ns.tokens, 16),
               attention_backend=ns.attention_backend,
               num_pages=s_max * (-(-ns.context // 16)) + 64)
     runner = llm.llm_engine.runner

@@ -1,95 +1,69 @@
-"""Engine configuration: one frozen dataclass per concern, plus EngineArgs (user-facing)."""
+"""Engine settings: one source of truth.
+
+:class:`EngineArgs` is what ``LLM(...)``, ``AsyncLLM(...)`` and ``pagedjax
+serve|generate`` accept. Each field declares its command-line flag, help and
+choices here; :meth:`EngineArgs.add_cli_args` builds the flags from them and
+:meth:`EngineArgs.validate` checks the same choices. At start-up the engine
+resolves the arguments once into a frozen :class:`EngineConfig` (computed
+``max_model_len``, ``max_num_batched_tokens``, ``num_pages``, attention
+backend), which is what the rest of the engine reads.
+"""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 from typing import Any
 
-
-@dataclasses.dataclass(frozen=True)
-class CacheConfig:
-    """The KV page pool."""
-
-    page_size: int = 16
-    num_pages: int | None = None  # None: derived from memory budget
-    gpu_memory_utilization: float = 0.9
-    cpu_kv_cache_gib: float = 2.0  # pool budget on CPU when num_pages is None
-    kv_cache_dtype: str = "auto"
-    enable_prefix_caching: bool = False
+BACKENDS = ("auto", "xla", "cpu_native", "pallas_gpu", "pallas_tpu")
 
 
-@dataclasses.dataclass(frozen=True)
-class SchedulerConfig:
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
-    max_model_len: int = 2048
-    policy: str = "fcfs"
-
-
-@dataclasses.dataclass(frozen=True)
-class ParallelConfig:
-    tensor_parallel_size: int = 1
-
-
-def _pow2_at_least(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
+def _opt(default: Any, help: str, choices: tuple | None = None, flag: str | None = None,
+         short: str | None = None, cli: bool = True):
+    meta = dict(help=help, choices=choices, flag=flag, short=short, cli=cli)
+    return dataclasses.field(default=default, metadata=meta)
 
 
 @dataclasses.dataclass
 class EngineArgs:
-    """Everything ``LLM(...)`` and ``pagedjax serve`` accept.
+    """Everything ``LLM(...)`` and ``pagedjax serve`` accept (see each field's help)."""
 
-    Args:
-        model: the default model's short name ("SmolLM2-135M-Instruct"), an HF
-            model folder, or a ``.gguf`` file. None means the default model.
-        tokenizer: a tokenizer folder when it differs from the model's.
-        dtype: "auto" (float32 on CPU, bfloat16 on accelerators), "float32", "bfloat16".
-        max_model_len: longest prompt + output; defaults to min(model limit, 2048).
-        num_pages: pages in the KV pool; default from ``gpu_memory_utilization``
-            (accelerators) or ``cpu_kv_cache_gib`` (CPU).
-        page_size: tokens per KV page.
-        max_num_seqs: most sequences in one step.
-        max_num_batched_tokens: most tokens in one step (chunked prefill budget).
-        enable_prefix_caching: reuse KV pages of identical prompt prefixes.
-        seed: engine seed for unseeded random sampling.
-        attention_backend: "auto", "xla", "cpu_native", "pallas_gpu", "pallas_tpu".
-        kv_cache_dtype: "auto" (model dtype), "int8", "fp8".
-        tensor_parallel_size: devices to shard the model over.
-        enforce_eager: skip compile-ahead warm-up (shapes compile on first use).
-        scan_layers: run identical layers with ``lax.scan`` (several times faster
-            compiles, but slower steps on CPU because the scanned KV pool
-            update is not in place, so it is off by default); used when the
-            model supports it and tensor_parallel_size == 1.
-        async_scheduling: overlap each step's host work (scheduling, input
-            padding, detokenization) with the previous step on the device;
-            the same outputs as False, which runs steps serially (debugging).
-    """
-
-    model: str | None = None
-    tokenizer: str | None = None
-    dtype: str = "auto"
-    max_model_len: int | None = None
-    num_pages: int | None = None
-    gpu_memory_utilization: float = 0.9
-    cpu_kv_cache_gib: float = 2.0
-    page_size: int = 16
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int | None = None
-    enable_prefix_caching: bool = False
-    seed: int = 0
-    attention_backend: str = "auto"
-    kv_cache_dtype: str = "auto"
-    tensor_parallel_size: int = 1
-    scheduling_policy: str = "fcfs"
-    enforce_eager: bool = False
-    scan_layers: bool = False
-    compilation_cache_dir: str | None = None
-    async_scheduling: bool = True
+    model: str | None = _opt(None, "short name (SmolLM2-135M-Instruct, the default), HF "
+                                   "folder or .gguf file", cli=False)
+    tokenizer: str | None = _opt(None, "tokenizer folder when it differs from the model's")
+    dtype: str = _opt("auto", "weights and activations: auto = float32 on CPU, bfloat16 on "
+                              "accelerators", ("auto", "float32", "bfloat16", "float16"))
+    max_model_len: int | None = _opt(None, "longest prompt + output; default min(model "
+                                           "limit, 2048)")
+    num_pages: int | None = _opt(None, "KV pool pages; default from --gpu-memory-utilization "
+                                       "(accelerators) or --cpu-kv-cache-gib (CPU)")
+    gpu_memory_utilization: float = _opt(0.9, "fraction of accelerator memory for weights + "
+                                              "KV pool")
+    cpu_kv_cache_gib: float = _opt(2.0, "KV pool budget on CPU when --num-pages is not given")
+    page_size: int = _opt(16, "tokens per KV page (a power of two)")
+    max_num_seqs: int = _opt(64, "most sequences in one step")
+    max_num_batched_tokens: int | None = _opt(None, "most tokens in one step (chunked-prefill "
+                                                    "budget); default max(512, min(2048, "
+                                                    "max_num_seqs))")
+    enable_prefix_caching: bool = _opt(False, "reuse the KV pages of identical prompt prefixes")
+    seed: int = _opt(0, "engine seed for unseeded random sampling")
+    attention_backend: str = _opt("auto", "paged-attention kernel", BACKENDS)
+    kv_cache_dtype: str = _opt("auto", "KV pool dtype (auto = the model's)",
+                               ("auto", "int8", "fp8", "fp8_e4m3"))
+    tensor_parallel_size: int = _opt(1, "devices to shard the model over", short="-tp")
+    scheduling_policy: str = _opt("fcfs", "waiting-queue order", ("fcfs", "priority"))
+    scan_layers: bool = _opt(False, "run identical layers with lax.scan (faster compiles, "
+                                    "slower CPU steps)")
+    compilation_cache_dir: str | None = _opt(None, "persistent XLA cache folder (default "
+                                                   "~/.cache/pagedjax/xla)")
+    async_scheduling: bool = _opt(True, "overlap each step's host work with the previous "
+                                        "device step (same outputs; off for debugging)")
 
     def validate(self) -> None:
         def positive(name: str, value: Any) -> None:
-            if value is not None and (not isinstance(value, int) or value < 1):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
         for name in ("max_model_len", "num_pages", "page_size", "max_num_seqs",
@@ -99,21 +73,50 @@ class EngineArgs:
             raise ValueError(f"page_size must be a power of two (e.g. 16), got {self.page_size}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(
-                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
-            )
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
-        if self.kv_cache_dtype not in ("auto", "int8", "fp8", "fp8_e4m3"):
-            raise ValueError(f"kv_cache_dtype must be auto, int8 or fp8, got {self.kv_cache_dtype!r}")
-        if self.scheduling_policy not in ("fcfs", "priority"):
-            raise ValueError(
-                f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}"
-            )
-        if self.attention_backend not in ("auto", "xla", "cpu_native", "pallas_gpu", "pallas_tpu"):
-            raise ValueError(
-                "attention_backend must be one of auto, xla, cpu_native, pallas_gpu, pallas_tpu, "
-                f"got {self.attention_backend!r}"
-            )
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if not self.cpu_kv_cache_gib > 0:
+            raise ValueError(f"cpu_kv_cache_gib must be > 0, got {self.cpu_kv_cache_gib}")
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            value = getattr(self, f.name)
+            if choices and value not in choices:
+                raise ValueError(f"{f.name} must be one of {', '.join(choices)}, got {value!r}")
+
+    # ------------------------------------------------------------------ command line
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        """One ``--flag`` per field (booleans: ``--x`` / ``--no-x``)."""
+        for f in dataclasses.fields(cls):
+            m = f.metadata
+            if not m.get("cli", True):
+                continue
+            flag = m.get("flag") or "--" + f.name.replace("_", "-")
+            names = [flag] + ([m["short"]] if m.get("short") else [])
+            if f.type in ("bool", bool):
+                parser.add_argument(*names, dest=f.name, default=f.default,
+                                    action=argparse.BooleanOptionalAction, help=m["help"])
+                continue
+            kind = {"int": int, "float": float}.get(str(f.type).split(" |")[0], str)
+            parser.add_argument(*names, dest=f.name, type=kind, default=f.default,
+                                choices=m.get("choices"), help=m["help"])
+
+    @classmethod
+    def from_cli_args(cls, ns: argparse.Namespace, **overrides: Any) -> "EngineArgs":
+        kw = {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls) if hasattr(ns, f.name)}
+        kw.update(overrides)
+        return cls(**kw)
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """EngineArgs resolved once at start-up (what the engine actually runs with)."""
+
+    args: EngineArgs
+    max_model_len: int
+    max_num_batched_tokens: int
+    num_pages: int
+    attention_backend: str  # concrete, never "auto"
+    kv_cache_dtype: Any  # a jnp dtype
 
 
 def default_cache_dir() -> str:

