@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import math
 import time
 from typing import Any, Sequence
@@ -40,6 +41,7 @@ import numpy as np
 from kernels_pallas import copy_pages
 from models.base import AttentionMetadata, ExecutionPlan
 from pagedjax import sampler as sampler_mod
+from pagedjax.packing import PackSpec, pack, unpack
 from pagedjax.sampler import RowState
 
 _LOGPROB_BUCKETS = (20,)  # one top-k width: fewer sampler programs
@@ -158,18 +160,20 @@ class Runner:
 
             rep, kv_sh = step_shardings(self.mesh, kv_caches)
             step_out, copy_out = (rep, rep, kv_sh), kv_sh
-        self._step = jax.jit(self._step_impl, static_argnames=("plan", "prompt_k"),
+        self._step = jax.jit(self._step_impl, static_argnames=("spec", "plan", "prompt_k"),
                              donate_argnums=(1,), out_shardings=step_out)
-        self._sample = jax.jit(self._sample_impl, static_argnames=("num_logprobs",))
+        self._sample = jax.jit(self._sample_impl, static_argnames=("spec", "num_logprobs"))
         self._copy = jax.jit(self._copy_impl, donate_argnums=(0,), out_shardings=copy_out)
 
     # ------------------------------------------------------------------ device
-    def _step_impl(self, params, kv_caches, batch: BatchInputs, prev_tokens, *,
+    def _step_impl(self, params, kv_caches, bufs, prev_tokens, *, spec: PackSpec,
                    plan: ExecutionPlan, prompt_k):
         """The model part of a step: forward + logits of the rows to sample.
 
-        prev_tokens i32[S_MAX]: the previous step's sampled tokens (placeholder source).
+        bufs: the packed BatchInputs (see packing.py); prev_tokens i32[S_MAX]: the
+        previous step's sampled tokens (the placeholder source).
         """
+        batch: BatchInputs = unpack(bufs, spec)
         src = batch.token_src
         token_ids = jnp.where(src >= 0, prev_tokens[jnp.maximum(src, 0)], batch.token_ids)
         hidden, kv_caches = self.model.forward(params, kv_caches, token_ids, batch.meta, plan)
@@ -180,10 +184,11 @@ class Runner:
             plp = sampler_mod.prompt_logprobs(all_logits, batch.prompt_next_ids, prompt_k)
         return logits, plp, kv_caches
 
-    def _sample_impl(self, logits, sample_index, st, *, num_logprobs):
-        """logits f32[S, V] of the step's rows; sample_index i32[R] picks each sampling row's.
-        Also returns the first S_MAX sampled tokens at a fixed shape (the next step's
-        placeholder source)."""
+    def _sample_impl(self, logits, bufs, *, spec: PackSpec, num_logprobs):
+        """logits f32[S, V] of the step's rows; bufs: the packed (SamplingTensors,
+        sample_index i32[R] picking each sampling row's logits). Also returns the
+        first S_MAX sampled tokens at a fixed shape (the next step's placeholder source)."""
+        st, sample_index = unpack(bufs, spec)
         out = sampler_mod.sample(logits[sample_index], st, num_logprobs)
         n = min(self.s_max, out.token_ids.shape[0])
         tokens = jnp.zeros(self.s_max, jnp.int32).at[:n].set(out.token_ids[:n].astype(jnp.int32))
@@ -243,33 +248,42 @@ class Runner:
         # Sampling rows (more than S when an n > 1 prompt completes) have their
         # own bucket, so the expensive model program never depends on them.
         r_pad = _pow2(max(num_sample_rows, 1), 8)
+        # Vectorized over rows and tokens: the host's share of a step.
+        n_rows, chain = len(rows), itertools.chain.from_iterable
+        lens = np.fromiter((len(r.token_ids) for r in rows), np.int64, n_rows)
+        starts = np.fromiter((r.start_pos for r in rows), np.int64, n_rows)
+        ends = np.cumsum(lens)
+        offs = ends - lens
+        row_of = np.repeat(np.arange(n_rows), lens)
+        pos = starts[row_of] + (np.arange(num_tokens) - offs[row_of])
+        npages = np.fromiter((len(r.page_ids) for r in rows), np.int64, n_rows)
+        flat_pages = np.fromiter(chain(r.page_ids for r in rows), np.int64, int(npages.sum()))
+        page_offs = np.cumsum(npages) - npages
         token_ids = np.zeros(t, np.int32)
+        token_ids[:num_tokens] = np.fromiter(chain(r.token_ids for r in rows), np.int32,
+                                             num_tokens)
         src = np.full(t, -1, np.int32)
+        if token_src:  # placeholders: the previous step's sampled token of that row
+            src[ends - 1] = np.fromiter(
+                (token_src[r.request_id] if r.token_ids[-1] < 0 else -1 for r in rows),
+                np.int32, n_rows)
         positions = np.zeros(t, np.int32)
+        positions[:num_tokens] = pos
         slots = np.zeros(t, np.int32)
+        slots[:num_tokens] = flat_pages[page_offs[row_of] + pos // ps] * ps + pos % ps
         kv_lens = np.zeros(s, np.int32)
+        kv_lens[:n_rows] = starts + lens
         page_table = np.zeros((s, p), np.int32)
+        row_of_page = np.repeat(np.arange(n_rows), npages)
+        col = np.arange(len(flat_pages)) - page_offs[row_of_page]
+        keep = col < p
+        page_table[row_of_page[keep], col[keep]] = flat_pages[keep]
         cu = np.zeros(s + 1, np.int32)
+        cu[1:n_rows + 1] = ends
+        cu[n_rows + 1:] = num_tokens
         next_ids = np.zeros(t if prompt_lp else 0, np.int32)
-        last_token_row = []
-        off = 0
-        for i, r in enumerate(rows):
-            n = len(r.token_ids)
-            pos = np.arange(r.start_pos, r.start_pos + n, dtype=np.int32)
-            pages = np.asarray(r.page_ids, np.int32)
-            token_ids[off:off + n] = r.token_ids
-            if r.token_ids[-1] < 0:  # a placeholder: the previous step's sampled token
-                src[off + n - 1] = token_src[r.request_id]
-            positions[off:off + n] = pos
-            slots[off:off + n] = pages[pos // ps] * ps + pos % ps
-            kv_lens[i] = r.start_pos + n
-            page_table[i, :len(pages)] = pages[:p]
-            cu[i + 1] = off + n
-            last_token_row.append(off + n - 1)
-            off += n
-        cu[len(rows) + 1:] = off
         logits_index = np.zeros(s, np.int32)
-        logits_index[:len(rows)] = last_token_row
+        logits_index[:n_rows] = ends - 1
         sample_index = np.zeros(r_pad, np.int32)
         for j, sr in enumerate(sample_rows):
             sample_index[j] = sr.row_index
@@ -312,11 +326,13 @@ class Runner:
         self.shapes_seen.add(key)
         t0 = time.perf_counter()
         cu = batch.meta.cu_q_lens
-        batch, st, sample_index = jax.device_put((batch, st, sample_index))
+        bbufs, bspec = pack(batch)
+        sbufs, sspec = pack((st, sample_index))
+        bbufs, sbufs = jax.device_put((bbufs, sbufs))  # one copy per dtype
         prev_tokens = prev.tokens if prev is not None else self._no_tokens
-        logits, plp, self.kv_caches = self._step(self.params, self.kv_caches, batch, prev_tokens,
-                                                 plan=self.plan, prompt_k=prompt_k)
-        out, tokens = self._sample(logits, sample_index, st, num_logprobs=num_logprobs)
+        logits, plp, self.kv_caches = self._step(self.params, self.kv_caches, bbufs, prev_tokens,
+                                                 spec=bspec, plan=self.plan, prompt_k=prompt_k)
+        out, tokens = self._sample(logits, sbufs, spec=sspec, num_logprobs=num_logprobs)
         self.num_steps += 1
         self.step_shapes.append((batch.meta.max_q_len == 1, shape[1], shape[0], len(rows),
                                  sum(len(r.token_ids) for r in rows)))
@@ -432,8 +448,9 @@ class Runner:
                                                     self.vocab_size, self.max_model_len)
             num_logprobs = None if lp is None else next(b for b in _LOGPROB_BUCKETS if b >= lp)
             logits = jnp.zeros((s_, self.vocab_size), jnp.float32)
-            jax.block_until_ready(self._sample(logits, jnp.zeros(r, jnp.int32),
-                                               jax.device_put(st), num_logprobs=num_logprobs))
+            bufs, spec = pack((st, np.zeros(r, np.int32)))
+            jax.block_until_ready(self._sample(logits, jax.device_put(bufs), spec=spec,
+                                               num_logprobs=num_logprobs))
         for r in buckets:  # copy-on-write page copies (n > 1, beam search)
             self.copy_pages([(0, 0)] * r)
 

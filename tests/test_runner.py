@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
+
 import pytest
 
 from pagedjax import LLM, SamplingParams
@@ -105,3 +107,84 @@ def test_scanned_layers_match_unrolled(tiny_llama_dir, smollm2_gguf):
     for a, b in zip(*results):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         assert abs(a.outputs[0].cumulative_logprob - b.outputs[0].cumulative_logprob) < 1e-3
+
+
+def _reference_prepare(rows, ps, t, s, p, token_src):
+    """Row by row, the obvious way: what Runner.prepare's vectorized code must give."""
+    token_ids, src, positions, slots = (np.zeros(t, np.int32), np.full(t, -1, np.int32),
+                                        np.zeros(t, np.int32), np.zeros(t, np.int32))
+    kv_lens, page_table, cu = np.zeros(s, np.int32), np.zeros((s, p), np.int32), \
+        np.zeros(s + 1, np.int32)
+    logits_index = np.zeros(s, np.int32)
+    off = 0
+    for i, r in enumerate(rows):
+        n = len(r.token_ids)
+        for k in range(n):
+            pos = r.start_pos + k
+            token_ids[off + k] = r.token_ids[k]
+            positions[off + k] = pos
+            slots[off + k] = r.page_ids[pos // ps] * ps + pos % ps
+        if r.token_ids[-1] < 0:
+            src[off + n - 1] = token_src[r.request_id]
+        kv_lens[i] = r.start_pos + n
+        page_table[i, :min(p, len(r.page_ids))] = r.page_ids[:p]
+        off += n
+        cu[i + 1] = off
+        logits_index[i] = off - 1
+    cu[len(rows) + 1:] = off
+    return dict(token_ids=token_ids, token_src=src, positions=positions, slot_mapping=slots,
+                kv_lens=kv_lens, page_table=page_table, cu_q_lens=cu, logits_index=logits_index)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_prepare_matches_row_by_row_reference(seed):
+    from pagedjax.scheduler import ScheduledRow
+
+    class Info:
+        vocab_size = 50
+
+    class M:
+        info = Info()
+
+    rng = random.Random(seed)
+    ps = 4
+    r = Runner(M(), {}, (), plan=ExecutionPlan(attn_backend="xla"), page_size=ps,
+               max_num_seqs=16, max_num_batched_tokens=64, max_model_len=64)
+    decode = seed % 2 == 0
+    rows, token_src = [], {}
+    for i in range(rng.randint(1, 12)):
+        n = 1 if decode else rng.randint(1, 6)
+        start = rng.randint(0, 40)
+        pages = [rng.randint(1, 99) for _ in range(-(-(start + n) // ps))]
+        toks = [rng.randint(0, 49) for _ in range(n)]
+        if decode and rng.random() < 0.6:
+            toks[-1] = -1  # a placeholder
+            token_src[f"r{i}"] = rng.randint(0, 15)
+        rows.append(ScheduledRow(f"r{i}", toks, start, pages, 1))
+    batch, *_, (t, s, p) = r.prepare(rows, [], {}, {}, token_src)
+    ref = _reference_prepare(rows, ps, t, s, p, token_src)
+    got = dict(token_ids=batch.token_ids, token_src=batch.token_src,
+               logits_index=batch.logits_index, **{k: getattr(batch.meta, k) for k in (
+                   "positions", "slot_mapping", "kv_lens", "page_table", "cu_q_lens")})
+    for k, v in ref.items():
+        np.testing.assert_array_equal(got[k], v, err_msg=k)
+    assert int(batch.meta.num_seqs) == len(rows)
+
+
+def test_pack_unpack_round_trip_inside_jit():
+    import jax
+
+    from pagedjax.packing import pack, unpack
+
+    tree = {"a": np.arange(6, dtype=np.int32).reshape(2, 3), "b": np.float32(2.5),
+            "c": [np.array([True, False]), np.zeros((0, 4), np.int32)],
+            "d": np.array([7, 8], np.uint32)}
+    bufs, spec = pack(tree)
+    assert len(bufs) == 4  # one buffer per dtype
+    out = jax.jit(lambda b: unpack(b, spec))(bufs)
+    for k in ("a", "b", "d"):
+        np.testing.assert_array_equal(np.asarray(out[k]), tree[k])
+        assert np.asarray(out[k]).dtype == np.asarray(tree[k]).dtype
+    np.testing.assert_array_equal(np.asarray(out["c"][0]), tree["c"][0])
+    assert out["c"][1].shape == (0, 4)
+    assert spec == pack(tree)[1] and hash(spec) == hash(pack(tree)[1])  # static, cacheable
