@@ -124,8 +124,8 @@ def run_pagedjax(reqs, ns) -> tuple[dict, object]:
             tpots.append((m.finished_time - m.first_token_time) / (out_len - 1))
     if bad:
         raise RuntimeError(f"pagedjax produced wrong output lengths (index, want, got): {bad[:5]}")
-    step_times = runner.step_times[n_times0:]
-    profile = step_profile(step_times, runner.step_shapes[n_times0:])
+    step_times = list(runner.step_times)[n_times0:]
+    profile = step_profile(step_times, list(runner.step_shapes)[n_times0:])
     res = _summary(
         "pagedjax", reqs, dur, ttfts, tpots,
         load_s=load_s, warmup=ns.warmup, warmup_s=warmup_s,

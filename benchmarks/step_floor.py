@@ -31,7 +31,6 @@ import platform
 import sys
 import time
 
-import numpy as np
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -99,27 +99,26 @@ def matmul_floor(shapes: dict, rows: int, reps: int) -> dict:
 
 
 def model_step_fns(runner):
-    """(full, no-attention) jitted model parts of a step, traced as the runner traces its step."""
+    """(full, no-attention) jitted model parts of a step, each traced with its own
+    execution plan: the runner's, and the runner's with attention replaced by identity."""
+    import dataclasses
+
     import jax
 
     model = runner.model
-    if not hasattr(model, "attention_fn"):
-        raise SystemExit(f"{type(model).__name__} has no attention_fn hook; use a Llama-family model")
 
-    def step_fn(attention_fn):
+    def step_fn(plan):
         def f(params, kv, batch):
-            saved = model.attention_fn  # the hook is read while tracing
-            model.attention_fn = attention_fn
-            try:
-                with runner.matmul_context():
-                    hidden, kv = model.forward(params, kv, batch.token_ids, batch.meta)
-                    logits = model.compute_logits(params, hidden[batch.logits_index])
-            finally:
-                model.attention_fn = saved
+            hidden, kv = model.forward(params, kv, batch.token_ids, batch.meta, plan)
+            logits = model.compute_logits(params, hidden[batch.logits_index], plan)
             return logits, kv
         return jax.jit(f, donate_argnums=(1,))
 
-    return step_fn(model.attention_fn), step_fn(lambda q, *a, **k: q)
+    def no_attention(q, *args, **kwargs):  # [T, Hq, D] in, [T, Hq, D] out
+        return q
+
+    return step_fn(runner.plan), step_fn(dataclasses.replace(runner.plan,
+                                                             attention_fn=no_attention))
 
 
 def parts(runner, rows: int, context: int, reps: int) -> dict:

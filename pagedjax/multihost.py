@@ -20,7 +20,6 @@ import dataclasses
 import json
 import logging
 import os
-import sys
 
 import jax
 

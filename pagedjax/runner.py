@@ -322,7 +322,7 @@ class Runner:
         prompt_lp = prompt_lp or {}
         batch, st, sample_index, num_logprobs, prompt_k, shape = self.prepare(
             rows, sample_rows, prompt_lp, prompt_tokens or {}, token_src)
-        key = (shape, num_logprobs, prompt_k, tuple(getattr(st, f) for f in sampler_mod._META))
+        key = (shape, num_logprobs, prompt_k, sampler_mod.variant_key(st))
         self.shapes_seen.add(key)
         t0 = time.perf_counter()
         cu = batch.meta.cu_q_lens
