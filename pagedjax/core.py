@@ -146,17 +146,21 @@ class EngineCore:
         (or of this one when running serially)."""
         out = CoreOutput()
         if self._inflight is not None and self._serial():
-            self._complete(self._inflight, out)
-            self._inflight = None
+            self._complete(self._take_inflight(), out)
         sched = self.scheduler.schedule()
         launched = self._launch(sched, out) if sched.rows else None
         if self._inflight is not None:
-            self._complete(self._inflight, out)
+            self._complete(self._take_inflight(), out)
         self._inflight = launched
         if launched is not None and self._serial():
-            self._complete(launched, out)
-            self._inflight = None
+            self._complete(self._take_inflight(), out)
         return out
+
+    def _take_inflight(self) -> _InFlight:
+        """The step in flight, forgotten first: if fetching it fails, the engine can
+        fail its requests and carry on instead of failing on it again."""
+        fl, self._inflight = self._inflight, None
+        return fl
 
     def _row_state(self, req: Request, sid: str, index: int, fork: bool) -> RowState:
         rid = self._root[sid][0]
