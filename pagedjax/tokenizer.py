@@ -399,6 +399,14 @@ def bad_words_token_ids(tokenizer, bad_words: Sequence[str]) -> list[list[int]]:
     return out
 
 
+def _fast_decode():
+    """transformers' PreTrainedTokenizerFast.decode (to check a tokenizer does not
+    override it)."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.decode
+
+
 class IncrementalDetokenizer:
     """Token ids in, text deltas out; ``"".join(deltas) + flush()`` equals the
     decode of the output ids in the context of the prompt."""
@@ -415,8 +423,16 @@ class IncrementalDetokenizer:
         self.read_offset = len(self.token_ids)
         self.prefix_offset = max(self.read_offset - INITIAL_PREFIX_TOKENS, 0)
         self.output_text = ""
+        # transformers' decode of a fast tokenizer is the backend's decode plus an
+        # optional clean-up pass; without that pass, call the backend ourselves.
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        if getattr(tokenizer, "clean_up_tokenization_spaces", True) or \
+                type(tokenizer).decode is not _fast_decode():
+            self._backend = None
 
     def _decode(self, ids: Sequence[int]) -> str:
+        if self._backend is not None:  # the Rust tokenizer directly: same text, less Python
+            return self._backend.decode(ids, skip_special_tokens=self.skip_special_tokens)
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
     def add(self, new_token_ids: Union[int, Sequence[int]]) -> str:
