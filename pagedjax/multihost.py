@@ -139,7 +139,9 @@ def _params_to_json(params) -> dict:
     d = {f.name: getattr(params, f.name) for f in dataclasses.fields(params) if f.init}
     if d.get("logit_bias"):
         d["logit_bias"] = [[int(k), float(v)] for k, v in d["logit_bias"].items()]
-    return {"fields": d, "eos": list(getattr(params, "_eos_token_ids", []))}
+    # The model's EOS ids the params carry (all_stop_token_ids minus the user's own).
+    eos = sorted(params.all_stop_token_ids - set(params.stop_token_ids or ()))
+    return {"fields": d, "eos": eos}
 
 
 def _params_from_json(d: dict):
@@ -149,7 +151,8 @@ def _params_from_json(d: dict):
     if fields.get("logit_bias"):
         fields["logit_bias"] = {int(k): float(v) for k, v in fields["logit_bias"]}
     p = SamplingParams(**fields)
-    p._eos_token_ids = list(d["eos"])
+    if d["eos"]:
+        p.update_from_generation_config({"eos_token_id": list(d["eos"])})
     return p
 
 
