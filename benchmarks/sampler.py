@@ -96,7 +96,7 @@ def time_model_step(model: str | None, rows: int, context: int, reps: int) -> di
     from pagedjax.scheduler import ScheduledRow
 
     per = -(-context // 16)
-    llm = LLM(model=model, max_model_len=context + 16, max_num_seqs=rows, enforce_eager=True,
+    llm = LLM(model=model, max_model_len=context + 16, max_num_seqs=rows,
               num_pages=rows * per + 8)
     runner = llm.llm_engine.runner
     sched = [ScheduledRow(f"r{i}", [1], context - 1, list(range(1 + i * per, 1 + (i + 1) * per)))

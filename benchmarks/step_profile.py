@@ -238,7 +238,7 @@ def main(argv=None) -> int:
     s_max = max(rows_list)
     per = -(-ns.context // 16)
     llm = LLM(model=ns.model, max_model_len=ns.context + 16, max_num_seqs=s_max,
-              enforce_eager=True, attention_backend=ns.attention_backend,
+              attention_backend=ns.attention_backend,
               num_pages=s_max * per + 8)
     runner = llm.llm_engine.runner
     info, cfg = runner.model.info, resolve_model(ns.model).hf_config
