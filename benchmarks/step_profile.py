@@ -246,7 +246,7 @@ def main(argv=None) -> int:
               "qkv": (info.num_q_heads + 2 * info.num_kv_heads) * info.head_dim,
               "o_in": info.num_q_heads * info.head_dim, "layers": info.num_layers,
               "vocab": info.vocab_size}
-    native_rows = runner.NATIVE_MATMUL_MAX_ROWS if runner.attn_backend == "cpu_native" else 0
+    native_rows = runner.plan.native_matmul_rows
     report = {"benchmark": "step_profile", "args": vars(ns), "date": time.strftime("%Y-%m-%d %H:%M"),
               "machine": machine.machine(), "jax_backend": jax.default_backend(),
               "attention_backend": runner.attn_backend, "native_matmul_max_rows": native_rows,
