@@ -150,10 +150,11 @@ def measure(model: str, rows: int, context: int, steps: int, async_scheduling: b
             "steps_per_s": float(steps / walls.sum())}
 
 
-def run_child(spec: dict) -> dict:
-    """One measurement in a fresh process (JAX and thread pools start clean)."""
+def run_child(spec: dict, code: str = ROOT) -> dict:
+    """One measurement in a fresh process (JAX and thread pools start clean), running
+    the pagedjax of checkout ``code``."""
     env = dict(os.environ)
-    env.setdefault("PYTHONPATH", ROOT)
+    env["PYTHONPATH"] = code
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
                           capture_output=True, text=True, env=env, timeout=3600)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -178,7 +179,9 @@ def main(argv=None) -> int:
     ap.add_argument("--contexts", default="256,2048")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--overlap-rows", type=int, default=32)
-    ap.add_argument("--label", default="this checkout")
+    ap.add_argument("--baseline", default=None,
+                    help="another checkout (e.g. a git worktree of an older commit): each host "
+                         "measurement also runs on it, alternating, in its own process")
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "host_overhead.json"))
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ns = ap.parse_args(argv)
@@ -186,20 +189,24 @@ def main(argv=None) -> int:
         spec = json.loads(ns.child)
         print(json.dumps(measure(**spec)), flush=True)
         return 0
-    result = {"label": ns.label, "machine": machine(), "host": [], "overlap": []}
+    result = {"machine": machine(), "baseline": ns.baseline, "host": [], "overlap": []}
+    codes = [("this", ROOT)] + ([("baseline", os.path.abspath(ns.baseline))] if ns.baseline else [])
     if ns.part in ("host", "both"):
         with tempfile.TemporaryDirectory() as tmp:
             folder = tiny_folder(os.path.join(tmp, "tiny"))
-            print(f"{'rows':>5} {'context':>7} {'host ms (median)':>17} {'p90':>7} "
+            print(f"{'code':>8} {'rows':>5} {'context':>7} {'host ms (median)':>17} {'p90':>7} "
                   f"{'device wait ms':>15} {'step ms':>8}")
             for ctx in [int(c) for c in ns.contexts.split(",")]:
                 for rows in [int(r) for r in ns.rows.split(",")]:
-                    r = run_child(dict(model=folder, rows=rows, context=ctx, steps=ns.steps,
-                                       async_scheduling=False))
-                    result["host"].append(r)
-                    print(f"{rows:>5} {ctx:>7} {r['host_ms_median']:>17.2f} "
-                          f"{r['host_ms_p90']:>7.2f} {r['device_wait_ms_median']:>15.2f} "
-                          f"{r['step_ms_median']:>8.2f}", flush=True)
+                    for name, code in codes:
+                        r = run_child(dict(model=folder, rows=rows, context=ctx, steps=ns.steps,
+                                           async_scheduling=False), code)
+                        r["code"] = name
+                        r["loadavg"] = open("/proc/loadavg").read().split()[:3]
+                        result["host"].append(r)
+                        print(f"{name:>8} {rows:>5} {ctx:>7} {r['host_ms_median']:>17.2f} "
+                              f"{r['host_ms_p90']:>7.2f} {r['device_wait_ms_median']:>15.2f} "
+                              f"{r['step_ms_median']:>8.2f}", flush=True)
     if ns.part in ("overlap", "both"):
         model = default_gguf()
         runs = {}
