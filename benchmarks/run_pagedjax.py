@@ -21,7 +21,7 @@ from benchmarks.workload import summary as _summary
 
 def needed_shapes(runner, reqs, max_num_seqs: int, mnbt: int) -> list:
     """The subset of ``runner.warmup_shapes()`` this workload can reach."""
-    from pagedjax.runner import _pow2
+    from pagedjax.inputs import pow2 as _pow2
 
     ps = runner.page_size
     s_max = _pow2(min(max_num_seqs, len(reqs)), 8)

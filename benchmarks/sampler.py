@@ -90,7 +90,7 @@ def time_sampler(kinds, rows_list, vocab: int, reps: int, backends) -> list[dict
 def time_model_step(model: str | None, rows: int, context: int, reps: int) -> dict:
     """A whole greedy decode step (Runner.execute) of ``rows`` rows at ``context`` tokens."""
     from pagedjax import LLM
-    from pagedjax.runner import SampleRow
+    from pagedjax.inputs import SampleRow
     from pagedjax.sampler import RowState
     from pagedjax.sampling_params import SamplingParams
     from pagedjax.scheduler import ScheduledRow

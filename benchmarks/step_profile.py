@@ -127,7 +127,7 @@ def parts(runner, rows: int, context: int, reps: int) -> dict:
     import jax.numpy as jnp
 
     from kernels_pallas import write_kv
-    from pagedjax.runner import SampleRow
+    from pagedjax.inputs import SampleRow
     from pagedjax.sampler import RowState, build_sampling_tensors, sample_jit
     from pagedjax.sampling_params import SamplingParams
 

@@ -26,7 +26,8 @@ from typing import Any, Sequence
 
 from pagedjax.output_processor import CoreOutput, SeqUpdate
 from pagedjax.request import Request
-from pagedjax.runner import Launched, Runner, SampleRow
+from pagedjax.inputs import SampleRow
+from pagedjax.runner import Launched, Runner
 from pagedjax.sampler import RowState
 from pagedjax.sampling_params import SamplingParams
 from pagedjax.scheduler import Scheduler, SchedulerOutput

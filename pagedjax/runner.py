@@ -1,19 +1,8 @@
 """SchedulerOutput -> padded BatchInputs -> one jitted step -> sampled tokens.
 
-Static shapes: every step is padded to a *bucket* so that only a few programs
-are ever compiled:
-
-* decode-only steps (every row feeds one token): T = S = bucket(rows) from
-  powers of two (1, 2, 4, ...), attention tiles of one row (``max_q_len=1``);
-* mixed steps (some row feeds a prompt chunk): T = bucket(tokens) from powers
-  of four >= 16, the last bucket being the step budget ``max_num_batched_tokens``
-  (rounded up to a power of two), S = bucket(rows) from powers of two >= 8;
-* P (page-table width): the XLA attention loops only as far as the longest
-  context, so it always gets the full width (no P buckets); the Pallas kernels
-  size their grids by P, so for them P = bucket(longest sequence's pages)
-  from powers of two >= 4;
-* sampling feature flags (penalties, top-k/p, ...) and whether top logprobs
-  are wanted (one width, 20) pick lean variants of the sampler.
+Static shapes: every step is padded to one of a few buckets (``inputs.py``
+says which), so only a handful of programs are ever compiled, all by
+:meth:`Runner.warmup`.
 
 The KV pool is donated to the step so XLA updates it in place. One host->device
 transfer of the batch and one device->host copy of the sampled tokens per step.
@@ -29,7 +18,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import itertools
 import math
 import time
 from typing import Any, Sequence
@@ -39,46 +27,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernels_pallas import copy_pages
-from models.base import AttentionMetadata, ExecutionPlan
+from models.base import ExecutionPlan
 from pagedjax import sampler as sampler_mod
+from pagedjax.inputs import (LOGPROB_BUCKETS, BatchInputs, Buckets, SampleRow,  # noqa: F401
+                             pow2, prepare)
 from pagedjax.packing import PackSpec, pack, unpack
 from pagedjax.sampler import RowState
-
-_LOGPROB_BUCKETS = (20,)  # one top-k width: fewer sampler programs
-
-
-def _pow2(n: int, minimum: int) -> int:
-    return max(minimum, 1 << max(0, (int(n) - 1).bit_length()))
-
-
-def _pow4(n: int, minimum: int) -> int:
-    b = minimum
-    while b < n:
-        b *= 4
-    return b
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class BatchInputs:
-    """One padded step (device arrays)."""
-
-    token_ids: jax.Array  # i32[T] (-1 where token_src says where to read it)
-    token_src: jax.Array  # i32[T] index into the previous step's sampled tokens, -1: none
-    meta: AttentionMetadata
-    logits_index: jax.Array  # i32[S] each sequence's last token (its logits row)
-    prompt_next_ids: jax.Array  # i32[T] or i32[0]: next prompt token of each position
-
-
-@dataclasses.dataclass
-class SampleRow:
-    """One sampling row: which scheduled row it belongs to and its sampler state."""
-
-    request_id: str
-    row_index: int  # index into SchedulerOutput.rows
-    state: RowState
-    num_logprobs: int | None  # None: no logprobs wanted
-
 
 @dataclasses.dataclass
 class StepResult:
@@ -134,6 +88,8 @@ class Runner:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_pages = -(-max_model_len // page_size)
+        self.buckets = Buckets(page_size, max_num_seqs, max_num_batched_tokens, max_model_len,
+                               plan.attn_backend)
         self.max_model_len = max_model_len
         self.plan = plan
         self.attn_backend = plan.attn_backend
@@ -145,7 +101,7 @@ class Runner:
         self.step_times: collections.deque[float] = collections.deque(maxlen=1 << 16)
         self.step_shapes: collections.deque[tuple] = collections.deque(maxlen=1 << 16)
         self.num_steps = 0
-        self.s_max = _pow2(max_num_seqs, 1)  # rows per step, padded: the token source width
+        self.s_max = pow2(max_num_seqs, 1)  # rows per step, padded: the token source width
         self._no_tokens = jnp.zeros(self.s_max, jnp.int32)
         CompileCounter.install()
         # Two programs per step: the model (compiled per shape bucket, the
@@ -203,7 +159,7 @@ class Runner:
     def copy_pages(self, copies: Sequence[tuple[int, int]]) -> None:
         if not copies:
             return
-        n = _pow2(len(copies), 8)  # same buckets as rows: warmed up
+        n = pow2(len(copies), 8)  # same buckets as rows: warmed up
         src = np.zeros(n, np.int32)
         dst = np.zeros(n, np.int32)
         for i, (s, d) in enumerate(copies):
@@ -212,105 +168,15 @@ class Runner:
 
     # ------------------------------------------------------------------ host
     def bucket_sizes(self, num_rows: int, num_tokens: int, max_pages: int, decode: bool):
-        s = _pow2(num_rows, 1 if decode else 8)
-        t = s if decode else max(min(_pow4(num_tokens, 16), self._t_buckets()[-1]), s)
-        widths = self._p_buckets()
-        p = next((w for w in widths if w >= max_pages), widths[-1])
-        return t, s, p
-
-    def _t_buckets(self) -> list[int]:
-        """Token buckets of mixed steps: powers of four, the last one the step budget."""
-        cap = _pow2(self.max_num_batched_tokens, 16)
-        out, t = [], 16
-        while t < cap:
-            out.append(t)
-            t *= 4
-        return out + [cap]
-
-    def _p_buckets(self) -> list[int]:
-        """Page-table widths: bucketed for the Pallas kernels (their grids depend on it),
-        always the full width on CPU (its attention loops over live pages only)."""
-        full = _pow2(self.max_pages, 4)
-        if self.attn_backend in ("xla", "cpu_native"):
-            return [full]
-        return [1 << i for i in range(2, full.bit_length())]
+        return self.buckets.bucket_sizes(num_rows, num_tokens, max_pages, decode)
 
     def prepare(self, rows, sample_rows: Sequence[SampleRow], prompt_lp: dict[str, int],
                 prompt_tokens: dict[str, list[int]] | None = None,
                 token_src: dict[str, int] | None = None):
-        """Host-side padding. Returns (BatchInputs numpy pytree, SamplingTensors, statics)."""
-        ps = self.page_size
-        num_tokens = sum(len(r.token_ids) for r in rows)
-        decode = all(len(r.token_ids) == 1 for r in rows)
-        max_pages = max(-(-(r.start_pos + len(r.token_ids)) // ps) for r in rows)
-        num_sample_rows = len(sample_rows)
-        t, s, p = self.bucket_sizes(len(rows), num_tokens, max_pages, decode)
-        # Sampling rows (more than S when an n > 1 prompt completes) have their
-        # own bucket, so the expensive model program never depends on them.
-        r_pad = _pow2(max(num_sample_rows, 1), 8)
-        # Vectorized over rows and tokens: the host's share of a step.
-        n_rows, chain = len(rows), itertools.chain.from_iterable
-        lens = np.fromiter((len(r.token_ids) for r in rows), np.int64, n_rows)
-        starts = np.fromiter((r.start_pos for r in rows), np.int64, n_rows)
-        ends = np.cumsum(lens)
-        offs = ends - lens
-        row_of = np.repeat(np.arange(n_rows), lens)
-        pos = starts[row_of] + (np.arange(num_tokens) - offs[row_of])
-        npages = np.fromiter((len(r.page_ids) for r in rows), np.int64, n_rows)
-        flat_pages = np.fromiter(chain(r.page_ids for r in rows), np.int64, int(npages.sum()))
-        page_offs = np.cumsum(npages) - npages
-        token_ids = np.zeros(t, np.int32)
-        token_ids[:num_tokens] = np.fromiter(chain(r.token_ids for r in rows), np.int32,
-                                             num_tokens)
-        src = np.full(t, -1, np.int32)
-        if token_src:  # placeholders: the previous step's sampled token of that row
-            src[ends - 1] = np.fromiter(
-                (token_src[r.request_id] if r.token_ids[-1] < 0 else -1 for r in rows),
-                np.int32, n_rows)
-        positions = np.zeros(t, np.int32)
-        positions[:num_tokens] = pos
-        slots = np.zeros(t, np.int32)
-        slots[:num_tokens] = flat_pages[page_offs[row_of] + pos // ps] * ps + pos % ps
-        kv_lens = np.zeros(s, np.int32)
-        kv_lens[:n_rows] = starts + lens
-        page_table = np.zeros((s, p), np.int32)
-        row_of_page = np.repeat(np.arange(n_rows), npages)
-        col = np.arange(len(flat_pages)) - page_offs[row_of_page]
-        keep = col < p
-        page_table[row_of_page[keep], col[keep]] = flat_pages[keep]
-        cu = np.zeros(s + 1, np.int32)
-        cu[1:n_rows + 1] = ends
-        cu[n_rows + 1:] = num_tokens
-        next_ids = np.zeros(t if prompt_lp else 0, np.int32)
-        logits_index = np.zeros(s, np.int32)
-        logits_index[:n_rows] = ends - 1
-        sample_index = np.zeros(r_pad, np.int32)
-        for j, sr in enumerate(sample_rows):
-            sample_index[j] = sr.row_index
-        if prompt_lp:
-            for i, r in enumerate(rows):
-                if r.request_id in prompt_lp:
-                    start = int(cu[i])
-                    full = prompt_tokens[r.request_id]
-                    for k in range(len(r.token_ids)):
-                        nxt = r.start_pos + k + 1
-                        next_ids[start + k] = full[nxt] if nxt < len(full) else 0
-        meta = AttentionMetadata(
-            positions=positions, slot_mapping=slots, kv_lens=kv_lens, page_table=page_table,
-            cu_q_lens=cu, num_seqs=np.int32(len(rows)), max_q_len=1 if decode else None)
-        batch = BatchInputs(token_ids=token_ids, token_src=src, meta=meta,
-                            logits_index=logits_index,
-                            prompt_next_ids=next_ids)
-        st = sampler_mod.build_sampling_tensors(
-            [sr.state for sr in sample_rows], r_pad, self.vocab_size, self.max_model_len)
-        wanted = [sr.num_logprobs for sr in sample_rows if sr.num_logprobs is not None]
-        num_logprobs = None
-        if wanted:
-            num_logprobs = next(b for b in _LOGPROB_BUCKETS if b >= max(wanted))
-        prompt_k = None
-        if prompt_lp:
-            prompt_k = next(b for b in _LOGPROB_BUCKETS if b >= max(prompt_lp.values()))
-        return batch, st, sample_index, num_logprobs, prompt_k, (t, s, p)
+        """Host-side padding (inputs.prepare). Returns (BatchInputs numpy pytree,
+        SamplingTensors, sample_index, num_logprobs, prompt_k, (T, S, P))."""
+        return prepare(self.buckets, rows, sample_rows, prompt_lp, prompt_tokens, token_src,
+                       self.vocab_size, self.max_model_len)
 
     def launch(self, rows, sample_rows: Sequence[SampleRow],
                prompt_lp: dict[str, int] | None = None,
@@ -361,15 +227,15 @@ class Runner:
     def warmup_shapes(self) -> list[tuple[int, int, int, bool]]:
         """Every (rows, tokens, pages, decode) combination whose bucket can occur."""
         shapes = set()
-        s_max = _pow2(self.max_num_seqs, 1)
-        for p in self._p_buckets():
+        s_max = pow2(self.max_num_seqs, 1)
+        for p in self.buckets.p_buckets():
             s = 1
             while s <= s_max:
                 shapes.add((s, s, p, True))
                 s *= 2
             s = 8  # mixed steps pad rows to at least 8
             while s <= max(s_max, 8):
-                for t in self._t_buckets():
+                for t in self.buckets.t_buckets():
                     if s <= t:
                         shapes.add((s, t, p, False))
                 s *= 2
@@ -435,7 +301,7 @@ class Runner:
 
         s_buckets = []  # logits rows: the model's S buckets (decode from 1, mixed from 8)
         r = 1
-        while r <= _pow2(self.max_num_seqs, 8):
+        while r <= pow2(self.max_num_seqs, 8):
             s_buckets.append(r)
             r *= 2
         buckets = [r for r in s_buckets if r >= 8]  # sampling rows are padded to >= 8
@@ -446,7 +312,7 @@ class Runner:
             params = SamplingParams(max_tokens=1, logprobs=lp, **kw)
             st = sampler_mod.build_sampling_tensors([RowState(params, [0], [])], r,
                                                     self.vocab_size, self.max_model_len)
-            num_logprobs = None if lp is None else next(b for b in _LOGPROB_BUCKETS if b >= lp)
+            num_logprobs = None if lp is None else next(b for b in LOGPROB_BUCKETS if b >= lp)
             logits = jnp.zeros((s_, self.vocab_size), jnp.float32)
             bufs, spec = pack((st, np.zeros(r, np.int32)))
             jax.block_until_ready(self._sample(logits, jax.device_put(bufs), spec=spec,

@@ -1,0 +1,184 @@
+"""SchedulerOutput rows -> one padded step batch (host side, numpy only).
+
+Static shapes: every step is padded to a *bucket* so that only a few programs
+are ever compiled:
+
+* decode-only steps (every row feeds one token): T = S = bucket(rows) from
+  powers of two (1, 2, 4, ...), attention tiles of one row (``max_q_len=1``);
+* mixed steps (some row feeds a prompt chunk): T = bucket(tokens) from powers
+  of four >= 16, the last bucket being the step budget ``max_num_batched_tokens``
+  (rounded up to a power of two), S = bucket(rows) from powers of two >= 8;
+* P (page-table width): the XLA and C++ attention loop only as far as the
+  longest context, so they always get the full width (no P buckets); the
+  Pallas kernels size their grids by P, so for them P = bucket(longest
+  sequence's pages) from powers of two >= 4;
+* sampling rows (more than S when an n > 1 prompt completes) have their own
+  bucket, powers of two >= 8, so the expensive model program never depends on
+  them; whether top logprobs are wanted picks one width (20).
+
+The work is vectorized over rows and tokens: this is the host's share of every
+step, on the critical path when the device is fast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Sequence
+
+import jax
+import numpy as np
+
+from models.base import AttentionMetadata
+from pagedjax import sampler as sampler_mod
+from pagedjax.sampler import RowState
+
+LOGPROB_BUCKETS = (20,)  # one top-k width: fewer sampler programs
+
+
+def pow2(n: int, minimum: int) -> int:
+    return max(minimum, 1 << max(0, (int(n) - 1).bit_length()))
+
+
+def pow4(n: int, minimum: int) -> int:
+    b = minimum
+    while b < n:
+        b *= 4
+    return b
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class BatchInputs:
+    """One padded step (device arrays)."""
+
+    token_ids: jax.Array  # i32[T] (-1 where token_src says where to read it)
+    token_src: jax.Array  # i32[T] index into the previous step's sampled tokens, -1: none
+    meta: AttentionMetadata
+    logits_index: jax.Array  # i32[S] each sequence's last token (its logits row)
+    prompt_next_ids: jax.Array  # i32[T] or i32[0]: next prompt token of each position
+
+
+@dataclasses.dataclass
+class SampleRow:
+    """One sampling row: which scheduled row it belongs to and its sampler state."""
+
+    request_id: str
+    row_index: int  # index into SchedulerOutput.rows
+    state: RowState
+    num_logprobs: int | None  # None: no logprobs wanted
+
+
+
+class Buckets:
+    """The padded shapes a runner compiles (see the module docstring)."""
+
+    def __init__(self, page_size: int, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_model_len: int, attn_backend: str):
+        self.page_size = page_size
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_pages = -(-max_model_len // page_size)
+        self.attn_backend = attn_backend
+
+    def bucket_sizes(self, num_rows: int, num_tokens: int, max_pages: int, decode: bool):
+        s = pow2(num_rows, 1 if decode else 8)
+        t = s if decode else max(min(pow4(num_tokens, 16), self.t_buckets()[-1]), s)
+        widths = self.p_buckets()
+        p = next((w for w in widths if w >= max_pages), widths[-1])
+        return t, s, p
+
+    def t_buckets(self) -> list[int]:
+        """Token buckets of mixed steps: powers of four, the last one the step budget."""
+        cap = pow2(self.max_num_batched_tokens, 16)
+        out, t = [], 16
+        while t < cap:
+            out.append(t)
+            t *= 4
+        return out + [cap]
+
+    def p_buckets(self) -> list[int]:
+        """Page-table widths: bucketed for the Pallas kernels (their grids depend on it),
+        always the full width on CPU (its attention loops over live pages only)."""
+        full = pow2(self.max_pages, 4)
+        if self.attn_backend in ("xla", "cpu_native"):
+            return [full]
+        return [1 << i for i in range(2, full.bit_length())]
+
+
+def prepare(buckets: Buckets, rows, sample_rows: Sequence[SampleRow], prompt_lp: dict[str, int],
+        prompt_tokens: dict[str, list[int]] | None, token_src: dict[str, int] | None,
+        vocab_size: int, max_model_len: int):
+    """Host-side padding. Returns (BatchInputs numpy pytree, SamplingTensors, statics)."""
+    ps = buckets.page_size
+    num_tokens = sum(len(r.token_ids) for r in rows)
+    decode = all(len(r.token_ids) == 1 for r in rows)
+    max_pages = max(-(-(r.start_pos + len(r.token_ids)) // ps) for r in rows)
+    num_sample_rows = len(sample_rows)
+    t, s, p = buckets.bucket_sizes(len(rows), num_tokens, max_pages, decode)
+    # Sampling rows (more than S when an n > 1 prompt completes) have their
+    # own bucket, so the expensive model program never depends on them.
+    r_pad = pow2(max(num_sample_rows, 1), 8)
+    # Vectorized over rows and tokens: the host's share of a step.
+    n_rows, chain = len(rows), itertools.chain.from_iterable
+    lens = np.fromiter((len(r.token_ids) for r in rows), np.int64, n_rows)
+    starts = np.fromiter((r.start_pos for r in rows), np.int64, n_rows)
+    ends = np.cumsum(lens)
+    offs = ends - lens
+    row_of = np.repeat(np.arange(n_rows), lens)
+    pos = starts[row_of] + (np.arange(num_tokens) - offs[row_of])
+    npages = np.fromiter((len(r.page_ids) for r in rows), np.int64, n_rows)
+    flat_pages = np.fromiter(chain(r.page_ids for r in rows), np.int64, int(npages.sum()))
+    page_offs = np.cumsum(npages) - npages
+    token_ids = np.zeros(t, np.int32)
+    token_ids[:num_tokens] = np.fromiter(chain(r.token_ids for r in rows), np.int32,
+                                         num_tokens)
+    src = np.full(t, -1, np.int32)
+    if token_src:  # placeholders: the previous step's sampled token of that row
+        src[ends - 1] = np.fromiter(
+            (token_src[r.request_id] if r.token_ids[-1] < 0 else -1 for r in rows),
+            np.int32, n_rows)
+    positions = np.zeros(t, np.int32)
+    positions[:num_tokens] = pos
+    slots = np.zeros(t, np.int32)
+    slots[:num_tokens] = flat_pages[page_offs[row_of] + pos // ps] * ps + pos % ps
+    kv_lens = np.zeros(s, np.int32)
+    kv_lens[:n_rows] = starts + lens
+    page_table = np.zeros((s, p), np.int32)
+    row_of_page = np.repeat(np.arange(n_rows), npages)
+    col = np.arange(len(flat_pages)) - page_offs[row_of_page]
+    keep = col < p
+    page_table[row_of_page[keep], col[keep]] = flat_pages[keep]
+    cu = np.zeros(s + 1, np.int32)
+    cu[1:n_rows + 1] = ends
+    cu[n_rows + 1:] = num_tokens
+    next_ids = np.zeros(t if prompt_lp else 0, np.int32)
+    logits_index = np.zeros(s, np.int32)
+    logits_index[:n_rows] = ends - 1
+    sample_index = np.zeros(r_pad, np.int32)
+    for j, sr in enumerate(sample_rows):
+        sample_index[j] = sr.row_index
+    if prompt_lp:
+        for i, r in enumerate(rows):
+            if r.request_id in prompt_lp:
+                start = int(cu[i])
+                full = prompt_tokens[r.request_id]
+                for k in range(len(r.token_ids)):
+                    nxt = r.start_pos + k + 1
+                    next_ids[start + k] = full[nxt] if nxt < len(full) else 0
+    meta = AttentionMetadata(
+        positions=positions, slot_mapping=slots, kv_lens=kv_lens, page_table=page_table,
+        cu_q_lens=cu, num_seqs=np.int32(len(rows)), max_q_len=1 if decode else None)
+    batch = BatchInputs(token_ids=token_ids, token_src=src, meta=meta,
+                        logits_index=logits_index,
+                        prompt_next_ids=next_ids)
+    st = sampler_mod.build_sampling_tensors(
+        [sr.state for sr in sample_rows], r_pad, vocab_size, max_model_len)
+    wanted = [sr.num_logprobs for sr in sample_rows if sr.num_logprobs is not None]
+    num_logprobs = None
+    if wanted:
+        num_logprobs = next(b for b in LOGPROB_BUCKETS if b >= max(wanted))
+    prompt_k = None
+    if prompt_lp:
+        prompt_k = next(b for b in LOGPROB_BUCKETS if b >= max(prompt_lp.values()))
+    return batch, st, sample_index, num_logprobs, prompt_k, (t, s, p)
