@@ -21,10 +21,8 @@ from benchmarks.workload import summary as _summary
 
 def needed_shapes(runner, reqs, max_num_seqs: int, mnbt: int) -> list:
     """The subset of ``runner.warmup_shapes()`` this workload can reach."""
-    from pagedjax.inputs import pow2 as _pow2
-
     ps = runner.page_size
-    s_max = _pow2(min(max_num_seqs, len(reqs)), 8)
+    s_max = max(8, 1 << (min(max_num_seqs, len(reqs)) - 1).bit_length())  # the row bucket
     p_max = runner.bucket_sizes(1, 1, -(-max(len(p) + o for p, o in reqs) // ps), True)[2]
     t_max = runner.bucket_sizes(8, min(mnbt, sum(len(p) for p, _ in reqs) + len(reqs)), 1,
                                 False)[0]
