@@ -280,7 +280,7 @@ class AsyncLLM:
                 self.stat_logger.on_error()
             err = EngineStepError(f"the engine failed while running this request: "
                                   f"{type(e).__name__}: {e}")
-            for rid in self.engine.scheduled_request_ids() or self.engine.request_ids():
+            for rid in self.engine.step_request_ids() or self.engine.request_ids():
                 self._end(rid, err)
             return
         for out in outputs:
@@ -308,7 +308,6 @@ class AsyncLLM:
             self._step()
         if self.stat_logger is not None:
             self.stat_logger.on_step(eng, len(self._streams))
-        _bound_history(eng)
         return True
 
     def _run(self) -> None:
@@ -334,21 +333,6 @@ class AsyncLLM:
             self._resolve(cmd[5] if cmd[0] == "add" else cmd[2], exc if cmd[0] == "add" else None)
         for rid in list(self._streams):
             self._end(rid, exc)
-
-
-# A long-running server must not keep one record per request or per step
-# forever. Until the engine bounds these public lists itself (issue 13, item
-# 3), the engine thread keeps their newest HISTORY_LIMIT entries.
-HISTORY_LIMIT = 1024
-
-
-def _bound_history(engine) -> None:
-    lists = [getattr(engine, "finished_metrics", None)]
-    runner = getattr(engine, "runner", None)
-    lists += [getattr(runner, "step_times", None), getattr(runner, "step_shapes", None)]
-    for xs in lists:
-        if isinstance(xs, list) and len(xs) > 2 * HISTORY_LIMIT:
-            del xs[:-HISTORY_LIMIT]
 
 
 class _Shutdown(Exception):

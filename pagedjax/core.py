@@ -67,6 +67,7 @@ class EngineCore:
         self._root: dict[str, tuple[str, int]] = {}  # seq id -> (request id, sample index)
         self._inflight: _InFlight | None = None
         self._topk: dict[str, dict[int, float]] = {}  # beam sequences: latest top-k
+        self._recent: dict[str, None] = {}  # request ids of the steps being worked on
         self.num_steps = 0
 
     # ------------------------------------------------------------------ requests
@@ -108,6 +109,11 @@ class EngineCore:
         if ref is not None and not any(r == ref[0] for r, _ in self._root.values()):
             self._sampling.pop(ref[0], None)
 
+    def step_request_ids(self) -> list[str]:
+        """Requests with a row in the latest launched step or the one in flight
+        (the requests a failing ``step()`` was working on)."""
+        return list(self._recent)
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished_requests() or self._inflight is not None
 
@@ -146,9 +152,13 @@ class EngineCore:
         """Schedule and launch the next step; return the results of the one before
         (or of this one when running serially)."""
         out = CoreOutput()
+        self._recent = dict.fromkeys(
+            self._root[r.request_id][0] for r in self._inflight.sched.rows
+            if r.request_id in self._root) if self._inflight is not None else {}
         if self._inflight is not None and self._serial():
             self._complete(self._take_inflight(), out)
         sched = self.scheduler.schedule()
+        self._recent.update(dict.fromkeys(self._root[r.request_id][0] for r in sched.rows))
         launched = self._launch(sched, out) if sched.rows else None
         if self._inflight is not None:
             self._complete(self._take_inflight(), out)

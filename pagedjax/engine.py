@@ -217,6 +217,11 @@ class LLMEngine:
         """Ids of every unfinished request (waiting or running)."""
         return self.processor.request_ids()
 
+    def step_request_ids(self) -> list[str]:
+        """Requests the latest ``step()`` worked on (its rows, and the step in flight):
+        the ones to fail when that step raised."""
+        return [rid for rid in self.core.step_request_ids() if self.processor.has(rid)]
+
     def scheduled_request_ids(self) -> list[str]:
         """Ids of unfinished requests that have been scheduled at least once."""
         return self.processor.scheduled_request_ids()
