@@ -14,6 +14,7 @@ bounded cache), not one ``tokenizer.decode([id])`` per token.
 from __future__ import annotations
 
 import collections
+import copy
 import dataclasses
 import time
 from typing import Any
@@ -250,6 +251,6 @@ class OutputProcessor:
         return RequestOutput(request_id=st.request_id, prompt=st.prompt,
                              prompt_token_ids=st.prompt_token_ids,
                              prompt_logprobs=st.prompt_logprobs, outputs=outs,
-                             finished=st.finished, metrics=dataclasses.replace(st.metrics),
+                             finished=st.finished, metrics=copy.copy(st.metrics),
                              num_cached_tokens=st.num_cached_tokens)
 
