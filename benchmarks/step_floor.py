@@ -24,7 +24,6 @@ Prints a table and writes JSON (default benchmarks/results/step_floor.json).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import platform
@@ -35,6 +34,7 @@ import time
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.step_profile import model_step_fns  # noqa: E402
 from benchmarks.throughput import write_json  # noqa: E402
 
 DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "step_floor.json")
@@ -74,20 +74,8 @@ def measure(ns) -> dict:
               attention_backend=ns.attention_backend,
               num_pages=s_max * (-(-ns.context // 16)) + 64)
     runner = llm.llm_engine.runner
-    model = runner.model
-
-    def step_fn(plan):
-        def f(params, kv, batch):
-            hidden, kv = model.forward(params, kv, batch.token_ids, batch.meta, plan)
-            logits = model.compute_logits(params, hidden[batch.logits_index], plan)
-            return logits, kv
-        return jax.jit(f, donate_argnums=(1,))
-
-    def no_attention(q, *args, **kwargs):  # identity: [T, Hq, D] in, [T, Hq, D] out
-        return q
-
-    full = step_fn(runner.plan)  # the engine's own plan
-    bare = step_fn(dataclasses.replace(runner.plan, attention_fn=no_attention))
+    # The engine's own plan, and the same with attention replaced by identity.
+    full, bare = model_step_fns(runner)
 
     def run(fn, batch):
         logits, runner.kv_caches = fn(runner.params, runner.kv_caches, batch)
