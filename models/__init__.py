@@ -5,8 +5,12 @@
     tokenizer = AutoTokenizer.from_pretrained(resolved.tokenizer_source,
                                               **resolved.tokenizer_kwargs)
 
-``model`` implements ``models.base`` (``info``, ``forward``, ``compute_logits``,
-``allocate_kv_caches``); ``params`` is a nested dict of jnp arrays.
+``model`` is a :class:`models.runtime.CausalLM` (``info``, ``forward``,
+``compute_logits``, ``allocate_kv_caches``) over a Flax NNX module; ``params``
+is the module's state as a nested dict of jnp arrays.
+
+A new architecture is one file: a Flax NNX module (see ``models/common.py`` and
+``docs/custom_model.md``) decorated with ``@register_model("MyForCausalLM")``.
 """
 
 from __future__ import annotations
@@ -19,17 +23,49 @@ import os
 import jax
 import jax.numpy as jnp
 
-from models.base import AttentionMetadata, ModelInfo  # noqa: F401
+from models.base import AttentionMetadata, ExecutionPlan, ModelInfo  # noqa: F401
+from models.common import DecoderLM  # noqa: F401
+from models.runtime import CausalLM, model_weight_bytes  # noqa: F401
 
-# HF ``architectures[0]`` -> "module:Class" (imported on first use).
-REGISTRY = {
+# HF ``architectures[0]`` -> the NNX module class, or "module:Class" (built-ins,
+# imported on first use).
+REGISTRY: dict = {
     "LlamaForCausalLM": "models.llama:LlamaForCausalLM",
     "MistralForCausalLM": "models.llama:MistralForCausalLM",
     "Qwen2ForCausalLM": "models.qwen2:Qwen2ForCausalLM",
     "GPT2LMHeadModel": "models.gpt2:GPT2LMHeadModel",
     "OPTForCausalLM": "models.opt:OPTForCausalLM",
     "Gemma3ForCausalLM": "models.gemma3:Gemma3ForCausalLM",
+    "Qwen3ForCausalLM": "models.qwen2:Qwen3ForCausalLM",
+    "Phi3ForCausalLM": "models.phi3:Phi3ForCausalLM",
 }
+
+
+def register_model(architecture: str):
+    """Class decorator: serve HF ``architectures[0] == architecture`` with this
+    Flax NNX module (``LLM``, the server and tensor parallelism all use it).
+
+        @register_model("MyForCausalLM")
+        class MyForCausalLM(models.DecoderLM): ...
+    """
+    if not isinstance(architecture, str) or not architecture:
+        raise ValueError(f"register_model: architecture must be a non-empty string, got {architecture!r}")
+
+    def deco(cls):
+        from flax import nnx
+
+        if not (isinstance(cls, type) and issubclass(cls, nnx.Module)):
+            raise TypeError(f"register_model({architecture!r}): {cls!r} is not a flax.nnx.Module class")
+        for name in ("embed", "final", "weight_map"):
+            if not callable(getattr(cls, name, None)):
+                raise TypeError(f"register_model({architecture!r}): {cls.__name__} has no "
+                                f"{name}() (see models/common.py DecoderLM)")
+        if not getattr(cls, "architecture", None) or cls.architecture != architecture:
+            cls.architecture = architecture
+        REGISTRY[architecture] = cls
+        return cls
+
+    return deco
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 _DEFAULT_ALIASES = (DEFAULT_MODEL, "HuggingFaceTB/SmolLM2-135M-Instruct")
@@ -62,14 +98,33 @@ class ResolvedModel:
         return self.hf_config["architectures"][0]
 
 
+PLUGIN_GROUP = "pagedjax.models"
+
+
+def _load_plugins(architecture: str) -> None:
+    """Installed packages may register architectures through the entry-point group
+    ``pagedjax.models`` (``name = architecture``, value = the module to import), so
+    that ``pagedjax serve`` finds them without an explicit import."""
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=PLUGIN_GROUP):
+        if ep.name == architecture:
+            ep.load()  # importing the module runs its @register_model
+
+
 def model_class(architecture: str):
     """The class implementing HF ``architecture``; ValueError listing the supported ones."""
+    if architecture not in REGISTRY:
+        _load_plugins(architecture)
     if architecture not in REGISTRY:
         raise ValueError(
             f"architecture {architecture!r} is not supported "
             f"(supported: {', '.join(sorted(REGISTRY))})"
         )
-    module, name = REGISTRY[architecture].split(":")
+    entry = REGISTRY[architecture]
+    if not isinstance(entry, str):
+        return entry
+    module, name = entry.split(":")
     return getattr(importlib.import_module(module), name)
 
 
@@ -133,22 +188,42 @@ def resolve_dtype(dtype="auto"):
     return jnp.dtype(dtype)
 
 
-def build_model(resolved: ResolvedModel, dtype="auto"):
-    """The model object for ``resolved`` (no weights)."""
-    cls = model_class(resolved.architecture)
-    return cls(resolved.hf_config, resolve_dtype(dtype))
+def build_model(resolved: ResolvedModel, dtype="auto") -> CausalLM:
+    """The model (abstract: shapes and logical axes only, no weights)."""
+    return CausalLM(model_class(resolved.architecture), resolved.hf_config, resolve_dtype(dtype))
 
 
-def load_model(model: str | None = None, dtype="auto", *, resolved: ResolvedModel | None = None):
-    """-> (model, params): params is a nested dict of jnp arrays in ``dtype``."""
+def open_checkpoint(resolved: ResolvedModel):
     from models import loader
 
-    resolved = resolved or resolve_model(model)
-    m = build_model(resolved, dtype)
     if resolved.gguf_file:
-        ckpt = loader.open_gguf(os.path.join(resolved.path, resolved.gguf_file))
-    else:
-        ckpt = loader.open_hf_folder(resolved.path, resolved.hf_config)
-    tree = m.params_from_hf(ckpt.get)
-    params = jax.tree_util.tree_map(lambda a: jnp.asarray(a, dtype=m.dtype), tree)
+        return loader.open_gguf(os.path.join(resolved.path, resolved.gguf_file))
+    return loader.open_hf_folder(resolved.path, resolved.hf_config)
+
+
+def prepare(resolved: ResolvedModel, dtype="auto", quantization: str | None = None):
+    """-> (model, host state): the model with its quantized weights chosen, and
+    its state as host numpy arrays (memory-mapped where the format allows)."""
+    from models import weights
+
+    m = build_model(resolved, dtype)
+    ckpt = open_checkpoint(resolved)
+    kinds = weights.choose_quantization(m, ckpt, quantization)
+    if kinds:
+        m = m.with_quantization(kinds)
+    host = weights.host_state(m, ckpt.get, getattr(ckpt, "get_raw", None))
+    return m, weights.cast_like(host, m)
+
+
+def load_model(model: str | None = None, dtype="auto", *, resolved: ResolvedModel | None = None,
+               quantization: str | None = None):
+    """-> (model, params): params is the state, a nested dict of jnp arrays (floats in
+    ``dtype``; quantized weights as their int8/uint8/float16 components).
+
+    quantization: None (floats; GGUF blocks dequantized at load), "int8"
+    (per-channel weight-only), "gguf" (keep a GGUF file's Q8_0/Q4_0/Q4_1/Q4_K/Q6_K blocks).
+    """
+    resolved = resolved or resolve_model(model)
+    m, host = prepare(resolved, dtype, quantization)
+    params = jax.tree_util.tree_map(jnp.asarray, host)
     return m, params

@@ -1,27 +1,32 @@
-"""The shared skeleton of a causal LM: config parsing, KV allocation, the LM head.
+"""The shared skeleton of a causal LM: config parsing and the decoder module base.
 
-Each architecture subclasses :class:`CausalLM` and provides
+An architecture is a Flax NNX module (subclass of :class:`DecoderLM`):
 
-    __init__(config: dict, dtype, eos_token_ids)   parse the HF config (dict)
-    forward(params, kv_caches, token_ids, meta, plan) -> (hidden [T, H], kv_caches)
-    params_from_hf(get)                             HF tensor names -> numpy params
+    __init__(config: dict, *, dtype, rngs)           parse the HF config, declare layers
+    embed(token_ids, meta, plan) -> (x [T, H], ctx)  token (+ position) embedding; ctx is
+                                                     whatever every layer needs (rotary)
+    layers: nnx.List of layers, each
+        layer(x, cache, meta, plan, ctx) -> (x, cache)
+    final(x, plan) -> hidden [T, H]                  the final norm (projection)
+    logits(hidden, plan) -> f32[R, V]                default: lm_head or the tied embedding
+    weight_map() -> {param path: WeightSpec}         HF checkpoint names of every parameter
+    info: ModelInfo                                  set in __init__
 
-``get(name)`` returns the HF checkpoint tensor ``name`` as a numpy array
-(PyTorch layouts: Linear weights are [out, in]). The loader casts the numpy
-tree to jnp arrays of the requested dtype.
+``models.runtime.CausalLM`` splits it into a graph and a parameter state and
+runs it as a pure function. Parameters carry logical axes (``models.nn.param``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
-import kernels_pallas
-from models import layers as L
-from models.base import DEFAULT_PLAN, ExecutionPlan, ModelInfo
+from models.base import DEFAULT_PLAN, AttentionMetadata, ExecutionPlan, ModelInfo
 
 GetTensor = Callable[[str], np.ndarray]
 
@@ -74,86 +79,131 @@ def eos_ids_from_config(config: dict) -> tuple[int, ...]:
     return tuple(int(e) for e in eos)
 
 
-class CausalLM:
-    """Base class; see the module docstring."""
+def make_info(config: dict, architecture: str, dtype, *, num_layers, num_q_heads, num_kv_heads,
+              head_dim, hidden_size, vocab_size, max_model_len) -> ModelInfo:
+    """The engine's view of a model (KV pool shape, vocabulary, stop tokens)."""
+    bos = config.get("bos_token_id")
+    return ModelInfo(
+        architecture=architecture, num_layers=int(num_layers), num_q_heads=int(num_q_heads),
+        num_kv_heads=int(num_kv_heads), head_dim=int(head_dim), hidden_size=int(hidden_size),
+        vocab_size=int(vocab_size), max_model_len=int(max_model_len), dtype=jnp.dtype(dtype),
+        eos_token_ids=eos_ids_from_config(config),
+        bos_token_id=bos if isinstance(bos, int) else None,
+    )
 
-    architecture: str = ""
-    default_tie_word_embeddings: bool = True  # the HF config class's default
 
-    def __init__(self, config: dict, dtype=jnp.float32, eos_token_ids=None):
-        self.config = dict(config)
-        self.dtype = jnp.dtype(dtype)
-        self.cfg = ConfigReader(self.config, self.architecture)
-        self.eos_token_ids = tuple(
-            eos_token_ids if eos_token_ids is not None else eos_ids_from_config(config)
-        )
-        self.tie_word_embeddings = bool(self.cfg.get("tie_word_embeddings", self.default_tie_word_embeddings))
-        self.final_logit_softcap: float | None = None
+# ----------------------------------------------------------------------------- weight maps
 
-    def _make_info(self, *, num_layers, num_q_heads, num_kv_heads, head_dim, hidden_size,
-                   vocab_size, max_model_len) -> ModelInfo:
-        bos = self.config.get("bos_token_id")
-        return ModelInfo(
-            architecture=self.architecture,
-            num_layers=int(num_layers),
-            num_q_heads=int(num_q_heads),
-            num_kv_heads=int(num_kv_heads),
-            head_dim=int(head_dim),
-            hidden_size=int(hidden_size),
-            vocab_size=int(vocab_size),
-            max_model_len=int(max_model_len),
-            dtype=self.dtype,
-            eos_token_ids=self.eos_token_ids,
-            bos_token_id=bos if isinstance(bos, int) else None,
-        )
 
-    # -- engine interface ---------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class WeightSpec:
+    """Where one parameter comes from: ``fn(*[get(n) for n in names])``.
 
-    def allocate_kv_caches(self, num_pages: int, page_size: int, kv_cache_dtype=None):
-        """One (pages [N, 2, Hkv, page_size, D], scales|None) pair per layer."""
-        dtype = self.dtype if kv_cache_dtype in (None, "auto") else kv_cache_dtype
-        if isinstance(dtype, str):
-            if dtype not in kernels_pallas.KV_CACHE_DTYPES:
-                dtype = jnp.dtype(dtype)
-            else:
-                dtype = kernels_pallas.KV_CACHE_DTYPES[dtype]
-        info = self.info
-        return kernels_pallas.allocate_kv_pages(
-            info.num_layers, num_pages, page_size, info.num_kv_heads, info.head_dim, dtype
-        )
+    ``fn`` only rearranges (transposes, reshapes, stacks, concatenates along
+    output axes), so the loader can apply it to each component of a weight
+    that stays quantized as well.
+    """
 
-    def compute_logits(
+    names: tuple[str, ...]
+    fn: Callable[..., np.ndarray] | None = None
+
+    def build(self, arrays: list):
+        return arrays[0] if self.fn is None else self.fn(*arrays)
+
+
+def hf(name: str) -> WeightSpec:
+    """The tensor as stored (norm scales, embeddings, biases, GPT-2 Conv1D kernels)."""
+    return WeightSpec((name,))
+
+
+def hf_linear(name: str) -> WeightSpec:
+    """A PyTorch Linear weight [out, in] as our kernel [in, out]."""
+    return WeightSpec((name,), _transpose)
+
+
+def hf_fused(fn: Callable[..., np.ndarray], *names: str) -> WeightSpec:
+    """A parameter built from several tensors (fused q/k/v, gate/up)."""
+    return WeightSpec(tuple(names), fn)
+
+
+def _transpose(w: np.ndarray) -> np.ndarray:
+    return w.T
+
+
+def pack_qkv(
+    q: np.ndarray,  # [Hq*D, H]   HF Linear layout ([out, in])
+    k: np.ndarray,  # [Hkv*D, H]
+    v: np.ndarray,  # [Hkv*D, H]
+    num_kv_heads: int,
+    head_dim: int,
+) -> np.ndarray:  # [H, Hkv, G+2, D]
+    h = q.shape[1]
+    g = q.shape[0] // (num_kv_heads * head_dim)
+    qg = q.reshape(num_kv_heads, g, head_dim, h)
+    kg = k.reshape(num_kv_heads, 1, head_dim, h)
+    vg = v.reshape(num_kv_heads, 1, head_dim, h)
+    return np.ascontiguousarray(np.concatenate([qg, kg, vg], axis=1).transpose(3, 0, 1, 2))
+
+
+def pack_qkv_bias(
+    q: np.ndarray,  # [Hq*D]
+    k: np.ndarray,  # [Hkv*D]
+    v: np.ndarray,  # [Hkv*D]
+    num_kv_heads: int,
+    head_dim: int,
+) -> np.ndarray:  # [Hkv, G+2, D]
+    g = q.shape[0] // (num_kv_heads * head_dim)
+    return np.concatenate([q.reshape(num_kv_heads, g, head_dim),
+                           k.reshape(num_kv_heads, 1, head_dim),
+                           v.reshape(num_kv_heads, 1, head_dim)], axis=1)
+
+
+def pack_gate_up(
+    gate: np.ndarray,  # [I, H]  HF Linear layout
+    up: np.ndarray,  # [I, H]
+) -> np.ndarray:  # [H, 2, I]
+    return np.ascontiguousarray(np.stack([gate.T, up.T], axis=1))
+
+
+def qkv_spec(prefix: str, num_kv_heads: int, head_dim: int, kind: str = "weight") -> WeightSpec:
+    """``{prefix}{q,k,v}_proj.{kind}`` fused into our grouped q/k/v layout."""
+    names = [f"{prefix}{p}_proj.{kind}" for p in "qkv"]
+    pack = pack_qkv if kind == "weight" else pack_qkv_bias
+    return hf_fused(lambda q, k, v: pack(q, k, v, num_kv_heads, head_dim), *names)
+
+
+# ----------------------------------------------------------------------------- module base
+
+
+class DecoderLM(nnx.Module):
+    """Base of the architectures (see the module docstring)."""
+
+    def __call__(
         self,
-        params: dict,
-        hidden: jax.Array,  # [R, H] output of forward at the rows to sample
+        kv_caches: tuple,  # per layer (pages [N, 2, Hkv, page_size, D], scales | None)
+        token_ids: jax.Array,  # i32[T]
+        meta: AttentionMetadata,
         plan: ExecutionPlan = DEFAULT_PLAN,
-    ) -> jax.Array:  # f32[R, vocab]
-        if "lm_head" in params:
-            logits = L.matmul(hidden, params["lm_head"]["kernel"], plan)
-        else:
-            logits = L.matmul(hidden, params["embed_tokens"]["embedding"], plan, transposed=True)
+    ) -> tuple[jax.Array, tuple]:  # hidden [T, H], kv_caches
+        if len(kv_caches) != len(self.layers):
+            raise ValueError(f"kv_caches: expected {len(self.layers)} (pages, scales) pairs, "
+                             f"got {len(kv_caches)}")
+        x, ctx = self.embed(token_ids, meta, plan)
+        new = []
+        for layer, cache in zip(self.layers, kv_caches):
+            x, cache = layer(x, cache, meta, plan, ctx)
+            new.append(cache)
+        return self.final(x, plan), tuple(new)
+
+    def logits(
+        self,
+        hidden: jax.Array,  # [R, H] output of __call__ at the rows to sample
+        plan: ExecutionPlan = DEFAULT_PLAN,
+    ) -> jax.Array:  # f32[R, V]
+        head = getattr(self, "lm_head", None)
+        logits = head(hidden, plan) if head is not None else self.embed_tokens.attend(hidden, plan)
         logits = logits.astype(jnp.float32)
-        if self.final_logit_softcap:
-            cap = self.final_logit_softcap
+        cap = getattr(self, "final_logit_softcap", None)
+        if cap:
             logits = cap * jnp.tanh(logits / cap)
         return logits
-
-    def forward(self, params, kv_caches, token_ids, meta,
-                plan: ExecutionPlan = DEFAULT_PLAN):  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def params_from_hf(self, get: GetTensor) -> dict:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    # -- helpers for subclasses ---------------------------------------------------
-
-    def _lm_head_from_hf(self, get: GetTensor, params: dict, name: str = "lm_head.weight"):
-        if not self.tie_word_embeddings:
-            params["lm_head"] = {"kernel": get(name).T}
-        return params
-
-    def _check_kv_caches(self, kv_caches) -> None:
-        if len(kv_caches) != self.info.num_layers:
-            raise ValueError(
-                f"kv_caches: expected {self.info.num_layers} (pages, scales) pairs, got {len(kv_caches)}"
-            )

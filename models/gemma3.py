@@ -3,7 +3,7 @@ two rotary bases, sqrt(H)-scaled embeddings, (1 + w) RMS norms, sandwich norms
 around attention and MLP, gelu-tanh gated MLP, optional attention and final
 logit soft caps, ``query_pre_attn_scalar`` attention scale.
 
-Parameter tree (norm ``scale`` holds HF's raw ``w``; the model applies 1 + w):
+State (norm ``scale`` holds HF's raw ``w``; the model applies 1 + w):
 
     embed_tokens.embedding                        [V, H]
     layers[i].input_layernorm.scale               [H]
@@ -21,20 +21,47 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from models import layers as L
+from models import nn
 from models.base import DEFAULT_PLAN, AttentionMetadata, ExecutionPlan
-from models.common import CausalLM, GetTensor
+from models.common import (ConfigReader, DecoderLM, hf, hf_fused, hf_linear, make_info,
+                           pack_gate_up, qkv_spec)
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
 
-class Gemma3ForCausalLM(CausalLM):
+class Gemma3Layer(nnx.Module):
+    def __init__(self, m: "Gemma3ForCausalLM", layer_type: str, window: int, dtype):
+        h, eps = m.hidden_size, m.eps
+
+        def norm(n=h):
+            return nn.RMSNorm(n, eps, unit_offset=True, dtype=dtype)
+
+        self.layer_type = layer_type
+        self.input_layernorm = norm()
+        self.attn = nn.Attention(h, m.num_heads, m.num_kv_heads, m.head_dim,
+                                 sm_scale=m.sm_scale, qk_norm_eps=eps, qk_norm_unit_offset=True,
+                                 sliding_window=window if layer_type == SLIDING else None,
+                                 soft_cap=m.attn_softcap, dtype=dtype)
+        self.post_attention_layernorm = norm()
+        self.pre_feedforward_layernorm = norm()
+        self.mlp = nn.GatedMLP(h, m.intermediate_size, m.act_name, dtype=dtype)
+        self.post_feedforward_layernorm = norm()
+
+    def __call__(self, x, cache, meta, plan, ropes):  # x [T, H]; ropes: type -> (cos, sin)
+        a, cache = self.attn(self.input_layernorm(x), cache, meta, plan, ropes[self.layer_type])
+        x = x + self.post_attention_layernorm(a)
+        h = self.mlp(self.pre_feedforward_layernorm(x), plan)
+        return x + self.post_feedforward_layernorm(h), cache
+
+
+class Gemma3ForCausalLM(DecoderLM):
     architecture = "Gemma3ForCausalLM"
 
-    def __init__(self, config: dict, dtype=jnp.float32, eos_token_ids=None):
-        super().__init__(config, dtype, eos_token_ids)
-        c = self.cfg
+    def __init__(self, config: dict, *, dtype=jnp.float32, rngs: nnx.Rngs | None = None):
+        c = ConfigReader(dict(config), self.architecture)
         self.hidden_size = int(c.require("hidden_size"))
         self.num_layers = int(c.require("num_hidden_layers"))
         self.num_heads = int(c.require("num_attention_heads"))
@@ -42,105 +69,74 @@ class Gemma3ForCausalLM(CausalLM):
         self.head_dim = int(c.get("head_dim", 256))
         self.intermediate_size = int(c.require("intermediate_size"))
         self.eps = float(c.get("rms_norm_eps", 1e-6))
-        self.act = L.activation(c.get("hidden_activation", c.get("hidden_act", "gelu_pytorch_tanh")))
+        self.act_name = c.get("hidden_activation", c.get("hidden_act", "gelu_pytorch_tanh"))
+        L.activation(self.act_name)
         if c.get("attention_bias", False):
             raise c.unsupported("attention_bias", True, "only false")
         self.sm_scale = float(c.get("query_pre_attn_scalar", self.head_dim)) ** -0.5
         self.attn_softcap = c.get("attn_logit_softcapping")
         self.final_logit_softcap = c.get("final_logit_softcapping")
-        self.layer_types = self._layer_types()
+        self.tie = bool(c.get("tie_word_embeddings", True))
+        types = self._layer_types(c)
         window = int(c.require("sliding_window"))
-        self.windows = tuple(window if t == SLIDING else None for t in self.layer_types)
         g_theta, g_scaling = c.rope(FULL, default_theta=1_000_000.0)
         l_theta, l_scaling = c.rope(SLIDING, legacy_theta_key="rope_local_base_freq")
-        self.inv_freq = {FULL: L.rope_inv_freq(self.head_dim, g_theta, g_scaling),
-                         SLIDING: L.rope_inv_freq(self.head_dim, l_theta, l_scaling)}
-        self.info = self._make_info(
-            num_layers=self.num_layers, num_q_heads=self.num_heads,
-            num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
-            hidden_size=self.hidden_size, vocab_size=c.require("vocab_size"),
-            max_model_len=c.get("max_position_embeddings", 32768),
-        )
+        self.inv_freq = (
+            (FULL, tuple(map(float, L.rope_inv_freq(self.head_dim, g_theta, g_scaling)))),
+            (SLIDING, tuple(map(float, L.rope_inv_freq(self.head_dim, l_theta, l_scaling)))))
+        vocab = int(c.require("vocab_size"))
+        self.info = make_info(c.config, self.architecture, dtype, num_layers=self.num_layers,
+                              num_q_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+                              head_dim=self.head_dim, hidden_size=self.hidden_size,
+                              vocab_size=vocab,
+                              max_model_len=c.get("max_position_embeddings", 32768))
+        self.embed_tokens = nn.Embed(vocab, self.hidden_size, dtype=dtype)
+        self.layers = nnx.List([Gemma3Layer(self, t, window, dtype) for t in types])
+        self.norm = nn.RMSNorm(self.hidden_size, self.eps, unit_offset=True, dtype=dtype)
+        self.lm_head = None if self.tie else nn.Linear(
+            self.hidden_size, vocab, ("embed", "vocab"), dtype=dtype)
 
-    def _layer_types(self) -> tuple[str, ...]:
-        types = self.config.get("layer_types")
+    def _layer_types(self, c: ConfigReader) -> tuple[str, ...]:
+        types = c.config.get("layer_types")
         if not types:
-            pattern = int(self.cfg.get("sliding_window_pattern",
-                                       self.cfg.get("_sliding_window_pattern", 6)))
+            pattern = int(c.get("sliding_window_pattern", c.get("_sliding_window_pattern", 6)))
             types = [SLIDING if (i + 1) % pattern else FULL for i in range(self.num_layers)]
         bad = sorted(set(types) - {SLIDING, FULL})
         if bad or len(types) != self.num_layers:
-            raise self.cfg.unsupported("layer_types", types,
-                                       f"need {self.num_layers} of {SLIDING!r}/{FULL!r}")
+            raise c.unsupported("layer_types", types,
+                                f"need {self.num_layers} of {SLIDING!r}/{FULL!r}")
         return tuple(types)
 
-    def forward(
-        self,
-        params: dict,
-        kv_caches: tuple,  # per layer (pages [N, 2, Hkv, page_size, D], scales | None)
-        token_ids: jax.Array,  # i32[T]
-        meta: AttentionMetadata,
-        plan: ExecutionPlan = DEFAULT_PLAN,
-    ) -> tuple[jax.Array, tuple]:  # hidden [T, H] (after the final norm), kv_caches
-        self._check_kv_caches(kv_caches)
-        x = jnp.take(params["embed_tokens"]["embedding"], token_ids, axis=0)
+    def embed(self, token_ids: jax.Array, meta: AttentionMetadata,
+              plan: ExecutionPlan = DEFAULT_PLAN):  # i32[T] -> x [T, H], {type: (cos, sin)}
+        x = self.embed_tokens(token_ids)
         x = x * jnp.asarray(self.hidden_size**0.5, x.dtype)
-        ropes = {t: L.rope_cos_sin(meta.positions, f, x.dtype) for t, f in self.inv_freq.items()}
+        ropes = {t: L.rope_cos_sin(meta.positions, jnp.asarray(f, jnp.float32), x.dtype)
+                 for t, f in self.inv_freq}
+        return x, ropes
 
-        def norm(p, y):
-            return L.rms_norm(y, p["scale"], self.eps, add_unit_offset=True)
+    def final(self, x: jax.Array, plan: ExecutionPlan = DEFAULT_PLAN) -> jax.Array:
+        return self.norm(x)
 
-        new_caches = []
-        for i, lp in enumerate(params["layers"]):
-            attn = lp["attn"]
-
-            def qk_norm(q, k, attn=attn):  # q [T, Hkv, G, D], k [T, Hkv, D]
-                return norm(attn["q_norm"], q), norm(attn["k_norm"], k)
-
-            h = norm(lp["input_layernorm"], x)
-            a, cache = L.paged_attention(
-                attn, h, kv_caches[i], meta, plan, sm_scale=self.sm_scale,
-                rope=ropes[self.layer_types[i]], qk_norm=qk_norm,
-                sliding_window=self.windows[i], soft_cap=self.attn_softcap,
-            )
-            new_caches.append(cache)
-            x = x + norm(lp["post_attention_layernorm"], a)
-            h = norm(lp["pre_feedforward_layernorm"], x)
-            x = x + norm(lp["post_feedforward_layernorm"], L.gated_mlp(lp["mlp"], h, self.act, plan))
-        return norm(params["norm"], x), tuple(new_caches)
-
-    def params_from_hf(self, get: GetTensor) -> dict:
+    def weight_map(self) -> dict:
         hkv, d = self.num_kv_heads, self.head_dim
-        layers = []
+        out = {"embed_tokens.embedding": hf("model.embed_tokens.weight"),
+               "norm.scale": hf("model.norm.weight")}
+        if not self.tie:
+            out["lm_head.kernel"] = hf_linear("lm_head.weight")
         for i in range(self.num_layers):
-            pre = f"model.layers.{i}."
+            pre, me = f"model.layers.{i}.", f"layers.{i}."
             at = pre + "self_attn."
-
-            def s(name):
-                return {"scale": get(name + ".weight")}
-
-            layers.append({
-                "input_layernorm": s(pre + "input_layernorm"),
-                "attn": {
-                    "qkv_proj": {"kernel": L.pack_qkv(get(at + "q_proj.weight"),
-                                                      get(at + "k_proj.weight"),
-                                                      get(at + "v_proj.weight"), hkv, d)},
-                    "q_norm": s(at + "q_norm"),
-                    "k_norm": s(at + "k_norm"),
-                    "o_proj": {"kernel": get(at + "o_proj.weight").T},
-                },
-                "post_attention_layernorm": s(pre + "post_attention_layernorm"),
-                "pre_feedforward_layernorm": s(pre + "pre_feedforward_layernorm"),
-                "mlp": {
-                    "gate_up": {"kernel": L.pack_gate_up(get(pre + "mlp.gate_proj.weight"),
-                                                         get(pre + "mlp.up_proj.weight"))},
-                    "down": {"kernel": get(pre + "mlp.down_proj.weight").T},
-                },
-                "post_feedforward_layernorm": s(pre + "post_feedforward_layernorm"),
+            for n in ("input_layernorm", "post_attention_layernorm",
+                      "pre_feedforward_layernorm", "post_feedforward_layernorm"):
+                out[f"{me}{n}.scale"] = hf(f"{pre}{n}.weight")
+            out.update({
+                me + "attn.qkv_proj.kernel": qkv_spec(at, hkv, d),
+                me + "attn.q_norm.scale": hf(at + "q_norm.weight"),
+                me + "attn.k_norm.scale": hf(at + "k_norm.weight"),
+                me + "attn.o_proj.kernel": hf_linear(at + "o_proj.weight"),
+                me + "mlp.gate_up.kernel": hf_fused(pack_gate_up, pre + "mlp.gate_proj.weight",
+                                                    pre + "mlp.up_proj.weight"),
+                me + "mlp.down.kernel": hf_linear(pre + "mlp.down_proj.weight"),
             })
-        params = {
-            "embed_tokens": {"embedding": get("model.embed_tokens.weight")},
-            "layers": layers,
-            "norm": {"scale": get("model.norm.weight")},
-        }
-        return self._lm_head_from_hf(get, params)
+        return out

@@ -1,19 +1,5 @@
-"""Building blocks shared by the model files: norms, rotary, MLPs, paged attention.
-
-Pure functions of arrays. Parameter layouts (``kernel`` is always [in, ...out]):
-
-    qkv_proj.kernel  [H, Hkv, G+2, D]   fused q/k/v, grouped by KV head: slot
-                                        g < G of group k is query head k*G+g,
-                                        slot G its key, slot G+1 its value
-    qkv_proj.bias    [Hkv, G+2, D]      (Qwen2, GPT-2, OPT)
-    o_proj.kernel    [Hq*D, H]
-    gate_up.kernel   [H, 2, I]          gated MLP: [:, 0] gate, [:, 1] up
-    down.kernel      [I, H]
-
-Grouping q/k/v by KV head makes the projection one matmul and keeps
-tensor-parallel sharding trivial: splitting axis 1 of ``qkv_proj`` (and axis 0
-of ``o_proj``, axis 2 of ``gate_up``, axis 0 of ``down``) into N parts gives
-each device whole heads, matching the KV pool split by KV head.
+"""Pure functions the NNX layers (``models/nn.py``) are made of: norms, rotary,
+activations, the matmul (routed by the plan), the attention kernel choice.
 
 Norms and softmax statistics are computed in float32; matmuls run in the
 parameter dtype (float32 on CPU).
@@ -29,9 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import kernels_pallas
-from models.base import DEFAULT_PLAN, AttentionMetadata, ExecutionPlan
-
-Params = dict
+from models.base import DEFAULT_PLAN, ExecutionPlan
 
 
 # ----------------------------------------------------------------------------- norms
@@ -182,148 +166,17 @@ def matmul(x: jax.Array, w: jax.Array, plan: ExecutionPlan = DEFAULT_PLAN, *,
     return jnp.tensordot(x, w, axes=1)
 
 
-def dense(
-    p: Params,  # {"kernel": [In, Out], "bias"?: [Out]}
-    x: jax.Array,  # [T, In]
-    plan: ExecutionPlan = DEFAULT_PLAN,
-) -> jax.Array:  # [T, Out]
-    y = matmul(x, p["kernel"], plan)
-    if "bias" in p:
-        y = y + p["bias"]
-    return y
-
-
-def gated_mlp(
-    p: Params,  # {"gate_up": {"kernel": [H, 2, I]}, "down": {"kernel": [I, H]}}
-    x: jax.Array,  # [T, H]
-    act: Callable[[jax.Array], jax.Array],
-    plan: ExecutionPlan = DEFAULT_PLAN,
-) -> jax.Array:  # [T, H]
-    gu = matmul(x, p["gate_up"]["kernel"], plan)  # [T, 2, I]
-    return dense(p["down"], act(gu[:, 0]) * gu[:, 1], plan)
-
-
-def plain_mlp(
-    p: Params,  # {"fc1": {"kernel": [H, I], "bias": [I]}, "fc2": {"kernel": [I, H], ...}}
-    x: jax.Array,  # [T, H]
-    act: Callable[[jax.Array], jax.Array],
-    plan: ExecutionPlan = DEFAULT_PLAN,
-) -> jax.Array:  # [T, H]
-    return dense(p["fc2"], act(dense(p["fc1"], x, plan)), plan)
-
-
 # ----------------------------------------------------------------------------- attention
 
 
-def qkv_projection(
-    p: Params,  # {"kernel": [H, Hkv, G+2, D], "bias"?: [Hkv, G+2, D]}
-    x: jax.Array,  # [T, H]
-    plan: ExecutionPlan = DEFAULT_PLAN,
-) -> tuple[jax.Array, jax.Array, jax.Array]:  # q [T, Hkv, G, D], k, v [T, Hkv, D]
-    y = matmul(x, p["kernel"], plan)  # [T, Hkv, G+2, D]
-    if "bias" in p:
-        y = y + p["bias"]
-    g = y.shape[2] - 2
-    return y[:, :, :g], y[:, :, g], y[:, :, g + 1]
-
-
-def paged_attention(
-    p: Params,  # {"qkv_proj": ..., "o_proj": {"kernel": [Hq*D, H], "bias"?: [H]}}
-    x: jax.Array,  # [T, H] (already normed)
-    cache: tuple[jax.Array, jax.Array | None],  # pages [N, 2, Hkv, page_size, D], scales
-    meta: AttentionMetadata,
-    plan: ExecutionPlan = DEFAULT_PLAN,
-    *,
-    sm_scale: float,
-    rope: tuple[jax.Array, jax.Array] | None = None,  # cos, sin [T, D/2]
-    qk_norm: Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]] | None = None,
-    sliding_window: int | None = None,
-    soft_cap: float | None = None,
-) -> tuple[jax.Array, tuple[jax.Array, jax.Array | None]]:  # out [T, H], cache
-    """Project q/k/v, rotate, write K/V to the pool, attend, project out.
-
-    The kernel is ``plan.attention_fn`` when set, else
-    ``kernels_pallas.ragged_paged_attention``, run per device through
-    ``shard_map`` over KV heads under tensor parallelism (custom kernels only;
-    GSPMD partitions the ``xla`` backend by itself).
-    """
-    t = x.shape[0]
-    q, k, v = qkv_projection(p["qkv_proj"], x, plan)  # [T, Hkv, G, D], [T, Hkv, D] x2
-    if qk_norm is not None:
-        q, k = qk_norm(q, k)
-    if rope is not None:
-        q = apply_rotary(q, *rope)
-        k = apply_rotary(k, *rope)
-    pages, scales = cache
-    pages, scales = kernels_pallas.write_kv(pages, scales, k, v, meta.slot_mapping)
-    hkv, g, d = q.shape[1:]
-    attend = attention_kernel(plan)
-    out = attend(
-        q.reshape(t, hkv * g, d),
-        pages,
-        meta.kv_lens,
-        meta.page_table,
-        meta.cu_q_lens,
-        meta.num_seqs,
-        sm_scale=sm_scale,
-        sliding_window=sliding_window,
-        soft_cap=soft_cap,
-        kv_scales=scales,
-        max_q_len=meta.max_q_len,
-        backend=plan.attn_backend,
-    )  # [T, Hq, D]
-    return dense(p["o_proj"], out.reshape(t, hkv * g * d), plan), (pages, scales)
-
-
 def attention_kernel(plan: ExecutionPlan) -> Callable:
-    """The ragged paged-attention callable a plan asks for (see paged_attention)."""
+    """The ragged paged-attention callable a plan asks for: ``plan.attention_fn``
+    when set, else ``kernels_pallas.ragged_paged_attention`` (run per device
+    through ``shard_map`` over KV heads under tensor parallelism for the custom
+    kernels; GSPMD partitions the ``xla`` backend by itself)."""
     if plan.attention_fn is not None:
         return plan.attention_fn
-    if plan.mesh is not None and plan.attn_backend != "xla":
-        return kernels_pallas.sharded_attention(plan.mesh, plan.tp_axis)
+    sharded = getattr(kernels_pallas, "sharded_attention", None)
+    if plan.mesh is not None and plan.attn_backend != "xla" and sharded is not None:
+        return sharded(plan.mesh, plan.tp_axis)
     return kernels_pallas.ragged_paged_attention
-
-
-# ----------------------------------------------------------------------------- weight packing
-# numpy helpers the loaders use to turn HF tensors ([out, in] Linear weights)
-# into the layouts above.
-
-
-def pack_qkv(
-    q: np.ndarray,  # [Hq*D, H]   HF Linear layout ([out, in])
-    k: np.ndarray,  # [Hkv*D, H]
-    v: np.ndarray,  # [Hkv*D, H]
-    num_kv_heads: int,
-    head_dim: int,
-) -> np.ndarray:  # [H, Hkv, G+2, D]
-    h = q.shape[1]
-    g = q.shape[0] // (num_kv_heads * head_dim)
-    qg = q.reshape(num_kv_heads, g, head_dim, h)
-    kg = k.reshape(num_kv_heads, 1, head_dim, h)
-    vg = v.reshape(num_kv_heads, 1, head_dim, h)
-    return np.ascontiguousarray(np.concatenate([qg, kg, vg], axis=1).transpose(3, 0, 1, 2))
-
-
-def pack_qkv_bias(
-    q: np.ndarray,  # [Hq*D]
-    k: np.ndarray,  # [Hkv*D]
-    v: np.ndarray,  # [Hkv*D]
-    num_kv_heads: int,
-    head_dim: int,
-) -> np.ndarray:  # [Hkv, G+2, D]
-    g = q.shape[0] // (num_kv_heads * head_dim)
-    return np.concatenate(
-        [
-            q.reshape(num_kv_heads, g, head_dim),
-            k.reshape(num_kv_heads, 1, head_dim),
-            v.reshape(num_kv_heads, 1, head_dim),
-        ],
-        axis=1,
-    )
-
-
-def pack_gate_up(
-    gate: np.ndarray,  # [I, H]  HF Linear layout
-    up: np.ndarray,  # [I, H]
-) -> np.ndarray:  # [H, 2, I]
-    return np.ascontiguousarray(np.stack([gate.T, up.T], axis=1))

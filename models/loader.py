@@ -46,6 +46,10 @@ class Checkpoint:
     get: Callable[[str], np.ndarray]
     names: Callable[[], list[str]]
     source: str
+    # GGUF only: the GGML type name of a tensor ("Q4_1"), and its blocks repacked
+    # for keeping quantized: (kind, components in the row layout), see models/quant.py
+    qtype: Callable[[str], str] | None = None
+    get_raw: Callable[[str], tuple[str, dict]] | None = None
 
 
 # ----------------------------------------------------------------------------- safetensors
@@ -310,11 +314,35 @@ def open_gguf(path: str) -> Checkpoint:
     arch = config["model_type"]
     permute = arch == "llama"
 
-    def get(name: str) -> np.ndarray:
+    def tensor(name: str):
         gname = hf_to_gguf_name(name, arch)
         t = tensors.get(gname)
         if t is None:
             raise ValueError(f"{path}: tensor {gname!r} (for {name!r}) not found in the GGUF file")
+        return t
+
+    def qtype(name: str) -> str:
+        return gguf.GGMLQuantizationType(tensor(name).tensor_type).name
+
+    def unpermute(name: str, w: np.ndarray) -> np.ndarray:
+        if permute and name.endswith(("q_proj.weight", "k_proj.weight")):
+            n = config["num_attention_heads"] if "q_proj" in name else config["num_key_value_heads"]
+            return _unpermute_rotary(w, n)
+        return w
+
+    def get_raw(name: str) -> tuple[str, dict]:
+        from models import quant
+
+        t = tensor(name)
+        kind = quant.GGUF_KINDS[qtype(name)]
+        shape = tuple(int(n) for n in reversed(t.shape))  # [rows, n]
+        raw = np.asarray(t.data).reshape(shape[0], -1)
+        comps = quant.repack_gguf(kind, raw, shape[-1])
+        return kind, {c: unpermute(name, a) for c, a in comps.items()}
+
+    def get(name: str) -> np.ndarray:
+        t = tensor(name)
+        gname = t.name
         qtype = gguf.GGMLQuantizationType(t.tensor_type)
         if qtype.name not in SUPPORTED_GGUF_TYPES:
             raise ValueError(
@@ -322,12 +350,10 @@ def open_gguf(path: str) -> Checkpoint:
                 f"dequantize (supported: {', '.join(SUPPORTED_GGUF_TYPES)})"
             )
         w = np.asarray(gguf.quants.dequantize(t.data, qtype), dtype=np.float32)
-        w = w.reshape(tuple(int(n) for n in reversed(t.shape)))
-        if permute and name.endswith(("q_proj.weight", "k_proj.weight")):
-            n = config["num_attention_heads"] if "q_proj" in name else config["num_key_value_heads"]
-            w = _unpermute_rotary(w, n)
+        w = unpermute(name, w.reshape(tuple(int(n) for n in reversed(t.shape))))
         if arch == "gemma3" and name.endswith("norm.weight"):
             w = w - 1.0  # llama.cpp stores Gemma's (1 + w) norm scales with the 1 added
         return w
 
-    return Checkpoint(config=config, get=get, names=lambda: list(tensors), source=path)
+    return Checkpoint(config=config, get=get, names=lambda: list(tensors), source=path,
+                      qtype=qtype, get_raw=get_raw)

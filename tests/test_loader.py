@@ -236,7 +236,8 @@ def test_gemma3_gguf_matches_torch(tmp_path):
                        "gemma3.attention.sliding_window": 4,
                        "gemma3.attention.sliding_window_pattern": 2})
     model, params = models.load_model(str(path), dtype="float32")
-    assert model.layer_types == ("sliding_attention", "full_attention", "sliding_attention")
+    assert tuple(layer.layer_type for layer in model.abstract.layers) == (
+        "sliding_attention", "full_attention", "sliding_attention")
     with torch.no_grad():
         ref = hf(torch.tensor([IDS])).logits[0].numpy()
     _close(_logits(model, params, IDS), ref)

@@ -37,6 +37,14 @@ def _tiny_configs():
                              "original_max_position_embeddings": 16}),
         "mistral": lambda: T.MistralConfig(**common, sliding_window=5, tie_word_embeddings=True),
         "qwen2": lambda: T.Qwen2Config(**common, tie_word_embeddings=False),
+        "qwen3": lambda: T.Qwen3Config(**common, head_dim=16, tie_word_embeddings=False),
+        "phi3": lambda: T.Phi3Config(
+            **{**common, "max_position_embeddings": 64}, tie_word_embeddings=False,
+            original_max_position_embeddings=16, pad_token_id=0,
+            rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                             "original_max_position_embeddings": 16,
+                             "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 4.0],
+                             "long_factor": [1.0, 1.5, 2.2, 3.0, 4.1, 5.5, 7.0, 9.0]}),
         "gpt2": lambda: T.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4,
                                      n_positions=64),
         "opt": lambda: T.OPTConfig(vocab_size=VOCAB, hidden_size=64, ffn_dim=96,
@@ -211,7 +219,7 @@ def test_int8_kv_cache_close(tiny):
 
 
 def test_attention_fn_hook_gets_every_layer(tiny):
-    """plan.attention_fn replaces the kernel call in every layer; same logits."""
+    """plan.attention_fn replaces the kernel call (benchmarks, tests); same logits."""
     hf, _, model, params = tiny("gemma3")
     calls = []
 
@@ -272,3 +280,20 @@ def test_unsupported_config_field(tiny, tmp_path):
 def test_bad_dtype():
     with pytest.raises(ValueError, match="dtype"):
         models.resolve_dtype("int4")
+
+
+def test_phi3_longrope_long_prompt(tiny):
+    """A 24-token prompt (> original_max_position_embeddings=16) switches Phi-3 to the
+    long factors, as transformers does for the whole forward; the short test prompts
+    above stay on the short ones."""
+    hf, _, model, params = tiny("phi3")
+    assert hf.config.rope_parameters["rope_type"] == "longrope"
+    ids = _prompt(9, 24)
+    meta = build_metadata([SeqChunk(list(range(1, 8)), 0, len(ids))], 4)
+    caches = model.allocate_kv_caches(8, 4)
+    hidden, _ = jax.jit(model.forward)(params, caches, jnp.asarray(ids, jnp.int32), meta)
+    ref = hf_logits(hf, ids)
+    assert_close(model.compute_logits(params, hidden), ref, "phi3 long prompt")
+    short = PagedRunner(model, params).step([("a", ids[:16])])["a"]
+    assert_close(short, hf_logits(hf, ids[:16]), "phi3 short prompt")
+    assert np.abs(short - ref[:16]).max() > 1e-3  # the factors differ, so must the logits
