@@ -11,18 +11,20 @@ with the pool's sharding pinned (``step_shardings``); GSPMD partitions the
 rest. The custom attention kernels run per device through ``shard_map`` over
 KV heads (``kernels_pallas.sharded_attention``, chosen by the execution plan).
 
-Sharding rules (Megatron-style; matched on the parameter path):
+Sharding rules (Megatron-style) are declared where the parameters are: each
+parameter carries logical axis names (``models/nn.py``) and ``LOGICAL_AXIS_RULES``
+below maps them to the mesh axis:
 
-    qkv_proj.kernel [H, Hkv, G+2, D]   split axis 1 (KV heads; each device gets
-    qkv_proj.bias   [Hkv, G+2, D]      axis 0        whole heads with their q)
-    o_proj.kernel   [Hq*D, H]          split axis 0 (row parallel, ordered by KV head)
-    gate_up.kernel  [H, 2, I]          split axis 2 (column parallel)
-    down.kernel     [I, H]             split axis 0 (row parallel)
-    fc1 [H, I] + bias [I]              split I;  fc2 [I, H] split axis 0
-    embed_tokens.embedding [V, H]      split axis 0 (vocab) when N divides V
-    lm_head.kernel  [H, V]             split axis 1 (vocab) when N divides V
+    qkv_proj.kernel [H, Hkv, G+2, D]   (embed, kv_heads, qkv, head_dim): KV heads
+    qkv_proj.bias   [Hkv, G+2, D]      split, each device gets whole heads with their q
+    o_proj.kernel   [Hq*D, H]          (heads, embed): row parallel, ordered by KV head
+    gate_up.kernel  [H, 2, I]          (embed, None, mlp): column parallel
+    down.kernel     [I, H]             (mlp, embed): row parallel
+    fc1 [H, I] + bias [I]; fc2 [I, H]  mlp split
+    embed_tokens.embedding [V, H]      (vocab, embed);  lm_head.kernel [H, V] (embed, vocab)
     everything else                    replicated (norms, biases of row-parallel
                                        layers, learned positions, OPT projections)
+    quantized weights                  each component keeps its weight's axes
     KV pool [pages, 2, Hkv, page_size, D] split axis 2; int8/fp8 scales axis 2
 
 A dimension N does not divide (intermediate size, vocabulary) is replicated
@@ -33,8 +35,6 @@ No engine imports here.
 
 from __future__ import annotations
 
-import os
-import re
 from typing import Any, Sequence
 
 import jax
@@ -44,25 +44,6 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 AXIS = "tp"
-
-# (path regex, axis to split or None). Paths look like "layers/3/attn/qkv_proj/kernel".
-# The first matching rule wins; unmatched parameters are replicated.
-SHARDING_RULES: tuple[tuple[str, int | None], ...] = (
-    (r"attn/qkv_proj/kernel$", 1),
-    (r"attn/qkv_proj/bias$", 0),
-    (r"attn/o_proj/kernel$", 0),
-    (r"attn/o_proj/bias$", None),
-    (r"mlp/gate_up/kernel$", 2),
-    (r"mlp/down/kernel$", 0),
-    (r"mlp/down/bias$", None),
-    (r"mlp/fc1/kernel$", 1),
-    (r"mlp/fc1/bias$", 0),
-    (r"mlp/fc2/kernel$", 0),
-    (r"mlp/fc2/bias$", None),
-    (r"^embed_tokens/embedding$", 0),
-    (r"^lm_head/kernel$", 1),
-)
-
 
 # ----------------------------------------------------------------------------- mesh
 
@@ -108,60 +89,71 @@ def path_str(path) -> str:
     return "/".join(parts)
 
 
-def param_spec(path: str, shape: tuple[int, ...], tp: int) -> P:
-    """The PartitionSpec of one parameter (see SHARDING_RULES)."""
-    for pattern, axis in SHARDING_RULES:
-        if re.search(pattern, path):
-            if axis is None or tp == 1 or axis >= len(shape) or shape[axis] % tp:
-                return P()
-            spec = [None] * len(shape)
-            spec[axis] = AXIS
-            return P(*spec)
-    return P()
+# One table: logical axis (declared with each parameter, see models/nn.py) -> mesh axis.
+# Axes not listed (embed, qkv, head_dim, pos, norm) are replicated.
+LOGICAL_AXIS_RULES: dict[str, str] = {
+    "vocab": AXIS,      # embedding rows, LM head columns
+    "kv_heads": AXIS,   # fused q/k/v kernel [H, Hkv, G+2, D] and its bias: whole heads
+    "heads": AXIS,      # o_proj input Hq*D (row parallel, ordered by KV head)
+    "mlp": AXIS,        # MLP intermediate size (column parallel in, row parallel out)
+}
 
 
-def param_specs(tree, tp: int):
-    """A pytree of PartitionSpecs matching ``tree`` (numpy or jax arrays)."""
-    return jax.tree_util.tree_map_with_path(
-        lambda p, a: param_spec(path_str(p), tuple(a.shape), tp), tree)
+def logical_spec(axes: tuple, shape: tuple[int, ...], tp: int) -> P:
+    """The PartitionSpec of a parameter with logical ``axes``: each axis the table
+    maps is split when ``tp`` divides its size, else replicated."""
+    spec, used = [], set()
+    for name, size in zip(axes, shape):
+        mesh_axis = LOGICAL_AXIS_RULES.get(name) if name else None
+        if mesh_axis is None or tp == 1 or size % tp or mesh_axis in used:
+            spec.append(None)
+        else:
+            spec.append(mesh_axis)
+            used.add(mesh_axis)
+    return P(*spec)
 
 
-def shard_params(tree, mesh: Mesh, dtype):
-    """Host numpy tree -> jax arrays laid out by ``param_specs``.
+def param_specs(model, tp: int) -> dict:
+    """The state of ``model`` (a models.CausalLM) as a nested dict of PartitionSpecs."""
+    from flax import nnx
+
+    axes = nnx.traversals.flatten_mapping(model.logical_axes(), is_leaf=lambda _, x: isinstance(x, tuple))
+    shapes = model.param_shapes()
+    specs = {p: logical_spec(a, tuple(shapes[".".join(map(str, p))].shape), tp)
+             for p, a in axes.items()}
+    return nnx.traversals.unflatten_mapping(specs)
+
+
+def shard_params(tree, model, mesh: Mesh):
+    """Host numpy state -> jax arrays laid out by ``param_specs``.
 
     Each device receives only its slice (``jax.make_array_from_callback`` asks
     for the addressable shards only), so a device never holds a whole tensor
     that is split, and another process's shards are never materialised here.
+    Arrays keep the dtypes the host state has (models.weights.cast_like).
     """
-    tp = mesh.devices.size
-    np_dtype = np.dtype(jnp.dtype(dtype))
-    specs = param_specs(tree, tp)
+    specs = param_specs(model, mesh.devices.size)
 
     def put(arr, spec):
-        sharding = NamedSharding(mesh, spec)
         return jax.make_array_from_callback(
-            tuple(arr.shape), sharding,
-            lambda idx: np.ascontiguousarray(np.asarray(arr[idx]), dtype=np_dtype))
+            tuple(arr.shape), NamedSharding(mesh, spec),
+            lambda idx: np.ascontiguousarray(np.asarray(arr[idx])))
 
     return jax.tree_util.tree_map(put, tree, specs)
 
 
-def load_sharded(model: str | None, dtype="auto", tp: int = 1, devices=None):
+def load_sharded(model: str | None, dtype="auto", tp: int = 1, devices=None,
+                 quantization: str | None = None):
     """-> (model, params, mesh): ``models.load_model`` with weights loaded into shards."""
     import models
-    from models import loader
 
     resolved = models.resolve_model(model)
-    m = models.build_model(resolved, dtype)
-    check_tensor_parallel(m.info, tp, len(devices) if devices is not None else None)
+    check_tensor_parallel(models.build_model(resolved, dtype).info, tp,
+                          len(devices) if devices is not None else None)
     mesh = make_mesh(tp, devices)
-    if resolved.gguf_file:
-        ckpt = loader.open_gguf(os.path.join(resolved.path, resolved.gguf_file))
-    else:
-        ckpt = loader.open_hf_folder(resolved.path, resolved.hf_config)
-    tree = m.params_from_hf(ckpt.get)  # host numpy (memory-mapped where the format allows)
-    params = shard_params(tree, mesh, m.dtype)
-    del tree
+    m, host = models.prepare(resolved, dtype, quantization)  # host numpy, memory-mapped
+    params = shard_params(host, m, mesh)
+    del host
     return m, params, mesh
 
 

@@ -13,6 +13,7 @@ row-parallel layers only change the order of one reduction).
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -122,6 +123,8 @@ def _sharded_pallas(backend):
 
 def _main(spec: dict) -> dict:
     kind = spec.pop("kind")
+    for module in spec.pop("imports", []):  # e.g. a custom model's @register_model
+        importlib.import_module(module)
     if kind == "generate":
         runs = {}
         for tp in spec.pop("tps"):
@@ -224,6 +227,10 @@ def tiny_folder(tmp_path_factory):
             if getattr(cfg, "num_key_value_heads", None):  # 4 KV heads so that TP=4 divides
                 cfg.num_attention_heads, cfg.num_key_value_heads = 8, 4
                 cfg.head_dim = getattr(cfg, "head_dim", None) or 8
+            if arch == "phi3":  # LongRoPE factors: one per rotary pair of the new head size
+                d = cfg.hidden_size // cfg.num_attention_heads
+                for k in ("short_factor", "long_factor"):
+                    cfg.rope_parameters[k] = cfg.rope_parameters[k][: d // 2]
             torch.manual_seed(0)
             hf = transformers.AutoModelForCausalLM.from_config(cfg)
             _randomize(hf, seed=len(arch))
