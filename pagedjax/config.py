@@ -51,6 +51,11 @@ class EngineArgs:
     attention_backend: str = _opt("auto", "paged-attention kernel", BACKENDS)
     kv_cache_dtype: str = _opt("auto", "KV pool dtype (auto = the model's)",
                                ("auto", "int8", "fp8", "fp8_e4m3"))
+    quantization: str | None = _opt(None, "weights kept quantized on the device, dequantized "
+                                          "in each step: int8 (per channel, any checkpoint) or "
+                                          "gguf (a .gguf file's Q8_0/Q4_0/Q4_1/Q4_K/Q6_K "
+                                          "blocks); default: float weights",
+                                    (None, "int8", "gguf"))
     tensor_parallel_size: int = _opt(1, "devices to shard the model over", short="-tp")
     scheduling_policy: str = _opt("fcfs", "waiting-queue order", ("fcfs", "priority"))
     scan_layers: bool = _opt(False, "run identical layers with lax.scan (faster compiles, "

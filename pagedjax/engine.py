@@ -64,9 +64,11 @@ class LLMEngine:
             from pagedjax import sharding
 
             self.model, self.params, self.mesh = sharding.load_sharded(
-                args.model, args.dtype, args.tensor_parallel_size)
+                args.model, args.dtype, args.tensor_parallel_size,
+                quantization=args.quantization)
         else:
-            self.model, self.params = models.load_model(args.model, dtype=args.dtype)
+            self.model, self.params = models.load_model(args.model, dtype=args.dtype,
+                                                        quantization=args.quantization)
             self.mesh = None
         info = self.model.info
         self.info = info

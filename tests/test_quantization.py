@@ -1,0 +1,189 @@
+"""Weights kept quantized on the device: GGUF blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K)
+and per-channel int8 from float checkpoints.
+
+* Dequantizing our repacked components gives exactly ``gguf.quants.dequantize``.
+* Logits of a quantized model equal those of the float model run with the same
+  dequantized weights within 2e-4 * max(1, max|ref|) (only the order of float
+  operations differs: int8 scales are applied after the matmul).
+* Weight memory: within 10% of the GGUF file's tensor bytes; int8 within 10% of
+  a quarter of float32.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from flax import nnx  # noqa: E402
+
+import models  # noqa: E402
+from models import quant as Q  # noqa: E402
+from models.metadata import SeqChunk, build_metadata  # noqa: E402
+
+GT = gguf.GGMLQuantizationType
+TOL = 2e-4
+
+
+def _raw_blocks(kind: str, rows: int, n: int, rng) -> np.ndarray:
+    """Valid GGUF blocks u8[rows, bytes] of type ``kind`` for rows of ``n`` values."""
+    qtype = GT[kind.upper()]
+    if kind in ("q8_0", "q4_0", "q4_1"):
+        w = rng.standard_normal((rows, n)).astype(np.float32)
+        return gguf.quants.quantize(w, qtype)
+    size = {"q4_k": 144, "q6_k": 210}[kind]
+    raw = rng.integers(0, 256, (rows, n // 256, size), dtype=np.uint8)
+    d = rng.uniform(0.001, 0.05, (rows, n // 256, 2)).astype(np.float16).view(np.uint8)
+    if kind == "q4_k":
+        raw[..., 0:4] = d.reshape(rows, n // 256, 4)  # d, dmin
+    else:
+        raw[..., 208:210] = d.reshape(rows, n // 256, 4)[..., :2]
+    return raw.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_0", "q4_1", "q4_k", "q6_k"])
+def test_gguf_blocks_dequantize_exactly(kind):
+    rng = np.random.default_rng(0)
+    rows, n = 6, 512
+    raw = _raw_blocks(kind, rows, n, rng)
+    ref = gguf.quants.dequantize(raw, GT[kind.upper()]).reshape(rows, n)
+    comps = Q.repack_gguf(kind, raw, n)  # row layout [rows, n_c]
+    for c, shape in Q.component_shapes(kind, (rows, n), -1).items():
+        assert comps[c].shape == shape and comps[c].dtype == Q.component_dtypes(kind)[c], c
+    as_rows = Q.dequantize(kind, {c: jnp.asarray(a) for c, a in comps.items()}, -1, jnp.float32)
+    np.testing.assert_array_equal(np.asarray(as_rows), ref)
+    kernel = {c: jnp.asarray(np.ascontiguousarray(a.T)) for c, a in comps.items()}  # [In_c, Out]
+    np.testing.assert_array_equal(np.asarray(Q.dequantize(kind, kernel, 0, jnp.float32)), ref.T)
+    assert sum(a.nbytes for a in comps.values()) <= 1.03 * raw.nbytes
+
+
+def test_int8_quantize_per_channel():
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((64, 3, 5)).astype(np.float32)  # kernel [In, *Out]
+    c = Q.quantize_int8(w, 0)
+    assert c["q"].dtype == np.int8 and c["scale"].shape == (3, 5)
+    back = np.asarray(Q.dequantize("int8", c, 0, jnp.float32))
+    assert np.abs(back - w).max() <= np.abs(w).max(axis=0).max() / 127 / 2 + 1e-6
+    assert (np.abs(c["q"]).max(axis=0) == 127).all()  # each channel uses the full range
+
+
+def dequantized_reference(model, params) -> dict:
+    """The float state of ``model`` (quantized) with every quantized weight replaced by
+    its dequantized float32 value: what the float model should compute."""
+    flat = dict(nnx.traversals.flatten_mapping(params))
+    out = {}
+    done = set()
+    for path, kind in model.quantized.items():
+        comps = {c: flat[path + (c,)] for c in Q.FORMATS[kind]}
+        axis = 0 if path[-1] == "kernel" else -1
+        out[path] = Q.dequantize(kind, comps, axis, jnp.float32)
+        done.update(path + (c,) for c in comps)
+    out.update({p: a for p, a in flat.items() if p not in done})
+    return nnx.traversals.unflatten_mapping(out)
+
+
+def _logits(model, params, ids):
+    """Logits of one prompt; the layers scanned (one compiled layer body: fast compiles)."""
+    meta = build_metadata([SeqChunk(list(range(1, 1 + -(-len(ids) // 4))), 0, len(ids))], 4)
+    caches = model.allocate_kv_caches(-(-len(ids) // 4) + 1, 4)
+    if model.can_scan():
+        params, caches = model.stack_params(params), model.stack_kv_caches(caches)
+    hidden, _ = jax.jit(model.forward)(params, caches, jnp.asarray(ids, jnp.int32), meta)
+    return np.asarray(jax.jit(model.compute_logits)(params, hidden))
+
+
+def _assert_close(ours, ref, what):
+    tol = TOL * max(1.0, float(np.abs(ref).max()))
+    err = float(np.abs(ours - ref).max())
+    assert np.isfinite(ours).all() and err <= tol, f"{what}: max |diff| {err:.3g} > {tol:.3g}"
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_gguf):
+    """(resolved, float model, float params) of the default model, dequantized at load."""
+    resolved = models.resolve_model(smollm2_gguf)
+    m, p = models.load_model(resolved=resolved, dtype="float32")
+    return resolved, m, p
+
+
+IDS = [1, 504, 3458, 314, 260, 1345, 282, 253, 3012, 30, 198, 37]
+
+
+def test_gguf_kept_quantized_memory_and_logits(smollm2):
+    resolved, m_f, p_f = smollm2
+    m_q, p_q = models.load_model(resolved=resolved, dtype="float32", quantization="gguf")
+    kinds = set(m_q.quantized.values())
+    assert kinds == {"q4_1", "q8_0"}  # the file's layer and embedding formats
+    reader = models.loader.gguf_reader(f"{resolved.path}/{resolved.gguf_file}")
+    file_bytes = sum(int(t.n_bytes) for t in reader.tensors)
+    ours = models.model_weight_bytes(p_q)
+    assert abs(ours - file_bytes) <= 0.10 * file_bytes, (ours, file_bytes)
+    assert models.model_weight_bytes(p_f) > 3 * ours
+    _assert_close(_logits(m_q, p_q, IDS), _logits(m_f, p_f, IDS), "gguf kept vs dequantized")
+
+
+def test_int8_memory_and_logits(smollm2):
+    resolved, m_f, p_f = smollm2
+    m_q, p_q = models.load_model(resolved=resolved, dtype="float32", quantization="int8")
+    assert set(m_q.quantized.values()) == {"int8"}
+    f32 = models.model_weight_bytes(p_f)
+    ours = models.model_weight_bytes(p_q)
+    assert abs(ours - f32 / 4) <= 0.10 * f32 / 4, (ours, f32)
+    got = _logits(m_q, p_q, IDS)
+    _assert_close(got, _logits(m_f, dequantized_reference(m_q, p_q), IDS), "int8 vs its floats")
+    ref = _logits(m_f, p_f, IDS)  # the float model itself: quantization error, not asserted tight
+    assert np.abs(got - ref).max() < 0.1 * np.abs(ref).max()
+
+
+def test_bad_quantization_values(smollm2, tmp_path):
+    resolved, _, _ = smollm2
+    with pytest.raises(ValueError, match="quantization"):
+        models.load_model(resolved=resolved, quantization="int4")
+
+
+def test_kquants_through_a_model(tmp_path):
+    """A tiny Llama GGUF with Q4_K attention, Q6_K MLP and a Q4_0 embedding: kept
+    quantized, the logits equal those of the same file dequantized at load."""
+    rng = np.random.default_rng(4)
+    h, ffn, heads, kv, vocab, n_layers = 256, 512, 4, 2, 96, 2
+    w = gguf.GGUFWriter(str(tmp_path / "k.gguf"), "llama")
+    for add, v in ((w.add_block_count, n_layers), (w.add_context_length, 64),
+                   (w.add_embedding_length, h), (w.add_feed_forward_length, ffn),
+                   (w.add_head_count, heads), (w.add_head_count_kv, kv),
+                   (w.add_vocab_size, vocab)):
+        add(v)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    d = h // heads
+
+    def add(name, rows, n, kind):
+        w.add_tensor(name, _raw_blocks(kind, rows, n, rng), raw_dtype=GT[kind.upper()])
+
+    add("token_embd.weight", vocab, h, "q4_0")
+    w.add_tensor("output_norm.weight", (1 + 0.1 * rng.standard_normal(h)).astype(np.float32))
+    for i in range(n_layers):
+        b = f"blk.{i}."
+        for n in ("attn_norm", "ffn_norm"):
+            w.add_tensor(b + n + ".weight", (1 + 0.1 * rng.standard_normal(h)).astype(np.float32))
+        add(b + "attn_q.weight", heads * d, h, "q4_k")
+        add(b + "attn_k.weight", kv * d, h, "q4_k")
+        add(b + "attn_v.weight", kv * d, h, "q4_k")
+        add(b + "attn_output.weight", h, heads * d, "q4_k")
+        add(b + "ffn_gate.weight", ffn, h, "q6_k")
+        add(b + "ffn_up.weight", ffn, h, "q6_k")
+        add(b + "ffn_down.weight", h, ffn, "q6_k")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    path = str(tmp_path / "k.gguf")
+    m_f, p_f = models.load_model(path, dtype="float32")
+    m_q, p_q = models.load_model(path, dtype="float32", quantization="gguf")
+    assert set(m_q.quantized.values()) == {"q4_0", "q4_k", "q6_k"}
+    ids = [int(i) for i in rng.integers(0, vocab, 9)]
+    _assert_close(_logits(m_q, p_q, ids), _logits(m_f, p_f, ids), "k-quants kept vs dequantized")
+    file_bytes = sum(int(t.n_bytes) for t in models.loader.gguf_reader(path).tensors)
+    assert abs(models.model_weight_bytes(p_q) - file_bytes) <= 0.10 * file_bytes
