@@ -14,6 +14,7 @@ Not thread-safe: the server drives it from one engine thread (``AsyncLLM``).
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from typing import Any, Sequence
 
@@ -29,6 +30,8 @@ from pagedjax.request import Request
 from pagedjax.runner import Runner, default_num_pages, make_plan
 from pagedjax.sampling_params import SamplingParams
 from pagedjax.scheduler import Scheduler
+
+logger = logging.getLogger("pagedjax.engine")
 
 
 def _enable_compilation_cache(path: str | None) -> None:
@@ -72,6 +75,11 @@ class LLMEngine:
             self.mesh = None
         info = self.model.info
         self.info = info
+        # Bytes of the weights as they sit on the device(s) (quantized stays quantized).
+        self.weight_bytes = models.model_weight_bytes(self.params)
+        logger.info("%s: %d layers, weights %.1f MiB on device (quantization=%s)",
+                    info.architecture, info.num_layers, self.weight_bytes / 2**20,
+                    args.quantization)
         tok_src = args.tokenizer or self.resolved.tokenizer_source
         tok_kwargs = {} if args.tokenizer else dict(self.resolved.tokenizer_kwargs)
         self.tokenizer = tok_mod.load_tokenizer(tok_src, **tok_kwargs)
