@@ -176,3 +176,18 @@ def test_step_profile_derives_parts():
     assert d["attention_ms"] == 50.0 and d["elementwise_ms"] == 45.0
     assert d["dispatch_host_ms"] == 48.0 and d["step_over_floor"] == 2.0
     assert derive(p, floor, native_rows=64)["layers_matmul_path"] == "cpp"
+
+
+def test_host_overhead_smoke(smollm2_gguf, tmp_path):
+    """benchmarks/host_overhead.py end to end on one tiny cell (a fresh child process)."""
+    from benchmarks import host_overhead
+
+    out = tmp_path / "host.json"
+    rc = host_overhead.main(["--part", "host", "--rows", "2", "--contexts", "20", "--steps", "3",
+                             "--out", str(out)])
+    assert rc == 0
+    rep = json.loads(out.read_text())
+    (cell,) = rep["host"]
+    assert cell["rows"] == 2 and cell["context"] == 20 and cell["steps"] == 3
+    assert 0 < cell["host_ms_median"] <= cell["step_ms_median"] + 1e-6
+    assert cell["device_wait_ms_median"] >= 0 and rep["machine"]["cores"] >= 1
