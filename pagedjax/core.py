@@ -242,14 +242,17 @@ class EngineCore:
                 extra_of[(sid, idx)] = j
             else:
                 first_of[sid] = j
+        # n > 1 children forked by this update join their request first: the parent
+        # may finish on this very token (and be forgotten) while they go on.
+        for req in changed:
+            if (req.request_id not in first_of and req.parent_id in self._root
+                    and (req.parent_id, req.sample_index) in extra_of):
+                self._root[req.request_id] = (self._root[req.parent_id][0], req.sample_index)
         for req in changed:
             j = first_of.get(req.request_id)
-            if j is None:  # an n > 1 child forked by this update
+            if j is None:
                 j = extra_of.get((req.parent_id, req.sample_index))
-                if j is None or req.parent_id not in self._root:
-                    continue
-                self._root[req.request_id] = (self._root[req.parent_id][0], req.sample_index)
-            if req.request_id not in self._root:
+            if j is None or req.request_id not in self._root:
                 continue
             rid, idx = self._root[req.request_id]
             up = SeqUpdate(req.request_id, rid, idx, [int(res.token_ids[j])],

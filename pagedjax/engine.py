@@ -218,7 +218,9 @@ class LLMEngine:
             self.core.abort_request(rid)
 
     def has_unfinished_requests(self) -> bool:
-        return len(self.processor) > 0 or self.core.has_unfinished()
+        """Requests still to finish (a step in flight whose requests all ended does
+        not count: the next step completes it and ignores its rows)."""
+        return len(self.processor) > 0 or self.scheduler.has_unfinished_requests()
 
     def get_num_unfinished_requests(self) -> int:
         return len(self.processor)

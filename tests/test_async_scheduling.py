@@ -78,3 +78,24 @@ def test_overlap_on_and_off_give_identical_outputs():
     assert off["2"].outputs[0].finish_reason in ("stop", "length")
     for stats in (stats_on, stats_off):
         assert stats.used == 0 and stats.total_refs == 0, stats
+
+
+@pytest.mark.slow
+def test_parent_stopping_on_its_first_token_leaves_its_samples_running():
+    """n=3: sample 0 stops on its first token (a stop token id) while samples 1 and 2
+    go on; with overlapped steps the children must stay mapped to their request."""
+    llm = LLM(max_model_len=128, num_pages=32, max_num_seqs=4, page_size=16)
+    base = SamplingParams(n=3, temperature=3.0, seed=123, max_tokens=6, ignore_eos=True)
+    first = llm.generate(["Once upon a time"], base, use_tqdm=False)[0]
+    tok0 = first.outputs[0].token_ids[0]
+    others = [c.token_ids[0] for c in first.outputs[1:]]
+    assert tok0 not in others, "pick another seed: the samples share their first token"
+    stop = SamplingParams(n=3, temperature=3.0, seed=123, max_tokens=6, ignore_eos=True,
+                          stop_token_ids=[tok0])
+    out = llm.generate(["Once upon a time"], stop, use_tqdm=False)[0]
+    assert out.outputs[0].token_ids == [tok0] and out.outputs[0].finish_reason == "stop"
+    for c, ref in zip(out.outputs[1:], first.outputs[1:]):
+        # the children run to max_tokens unless they draw tok0 themselves
+        n = ref.token_ids.index(tok0) + 1 if tok0 in ref.token_ids else len(ref.token_ids)
+        assert c.token_ids == ref.token_ids[:n]
+    assert llm.llm_engine.pool_stats().used == 0
