@@ -31,6 +31,7 @@
 #define PAGEDJAX_AVX2 1
 #endif
 
+#include "cpu_simd.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -41,14 +42,9 @@ constexpr int kChunk = 64;     // keys per softmax fold
 constexpr int kMaxTile = 64;   // query vectors (rows x G) per work item
 constexpr float kNegInf = -1e30f;
 
-typedef float v8f __attribute__((vector_size(32)));
-
-inline v8f load8(const float* p) {
-  v8f v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof(v)); }
+using pagedjax_simd::load8;
+using pagedjax_simd::store8;
+using pagedjax_simd::v8f;
 inline float hsum8(v8f v) {
   return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
 }
@@ -878,15 +874,7 @@ extern "C" int PagedjaxSelfTest() {
   bad |= self_test_matmul(3, 40, 37, false);    // few rows: K parts, 16-column tiles
   bad |= self_test_matmul(12, 300, 70, false);  // packed blocks
   bad |= self_test_matmul(5, 64, 9, true);      // w [N, K]
-#if defined(__AVX512F__) && defined(PAGEDJAX_AVX2)
-  {  // -march=native turned AVX-512 on: make sure the OS lets it run
-    volatile float in[16] = {1.0f};
-    float out[16];
-    __m512 v = _mm512_loadu_ps(const_cast<const float*>(in));
-    _mm512_storeu_ps(out, _mm512_add_ps(v, v));
-    bad |= out[0] != 2.0f;
-  }
-#endif
+  bad |= pagedjax_simd::avx512_self_test();  // -march=native may have turned AVX-512 on
   return bad;
 }
 

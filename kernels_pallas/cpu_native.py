@@ -47,8 +47,6 @@ _Q_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 _KV_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.int8),
               jnp.dtype(jnp.float8_e4m3fn))
 
-_lock = threading.Lock()
-_state: dict = {}  # "lib": the loaded library, "error": why there is none
 
 
 def cache_dir() -> Path:
@@ -124,13 +122,15 @@ def build(verbose: bool = False, source: Path = SOURCE, name: str = "cpu_kernels
     if cxx is None:
         raise RuntimeError("no C++ compiler found (set $CXX or install g++)")
     include = jax.ffi.include_dir()
-    src = Path(source).read_bytes()
+    here = Path(source).parent
+    # The source and every header beside it (cpu_simd.h) make the cache key.
+    src = Path(source).read_bytes() + b"".join(h.read_bytes() for h in sorted(here.glob("*.h")))
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True,
                              timeout=60).stdout
     out_dir = cache_dir() / "native"
     errors, rejected = [], []
     for flags in flag_sets or default_flag_sets():
-        args = [*flags, "-std=c++17", "-shared", "-fPIC", f"-I{include}"]
+        args = [*flags, "-std=c++17", "-shared", "-fPIC", f"-I{include}", f"-I{here}"]
         key = hashlib.sha256(b"\0".join([
             src, " ".join(args).encode(), version.encode(), jax.__version__.encode(),
             platform.machine().encode(), _cpu_tag().encode()])).hexdigest()[:20]
@@ -169,24 +169,40 @@ def build(verbose: bool = False, source: Path = SOURCE, name: str = "cpu_kernels
                        + "\n".join(errors))
 
 
-def _load():
-    with _lock:
-        if "lib" in _state or "error" in _state:
-            return _state.get("lib")
-        if os.environ.get("PAGEDJAX_CPU_NATIVE", "1") == "0":
-            _state["error"] = "disabled by PAGEDJAX_CPU_NATIVE=0"
-            return None
-        try:
-            lib = ctypes.cdll.LoadLibrary(str(build()))
-            jax.ffi.register_ffi_target(
-                TARGET, jax.ffi.pycapsule(lib.PagedjaxRaggedPagedAttention), platform="cpu")
-            jax.ffi.register_ffi_target(
-                MATMUL_TARGET, jax.ffi.pycapsule(lib.PagedjaxMatmul), platform="cpu")
-        except (RuntimeError, OSError, AttributeError) as e:
-            _state["error"] = str(e)
-            return None
-        _state["lib"] = lib
-        return lib
+class FfiLibrary:
+    """A C++ source built (``build``), loaded and its FFI targets registered with
+    XLA, once, on first use (thread-safe). ``load()`` is the library or None;
+    ``error`` says why there is none (no compiler, a failed build, or
+    ``PAGEDJAX_CPU_NATIVE=0``)."""
+
+    def __init__(self, source: Path, name: str, targets: dict[str, str]):
+        self.source, self.name, self.targets = source, name, targets  # target -> symbol
+        self._lock = threading.Lock()
+        self._lib = None
+        self.error: str | None = None
+
+    def load(self):
+        with self._lock:
+            if self._lib is not None or self.error is not None:
+                return self._lib
+            if os.environ.get("PAGEDJAX_CPU_NATIVE", "1") == "0":
+                self.error = "disabled by PAGEDJAX_CPU_NATIVE=0"
+                return None
+            try:
+                lib = ctypes.cdll.LoadLibrary(str(build(source=self.source, name=self.name)))
+                for target, symbol in self.targets.items():
+                    jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)),
+                                                platform="cpu")
+            except (RuntimeError, OSError, AttributeError) as e:
+                self.error = str(e)
+                return None
+            self._lib = lib
+            return lib
+
+
+_KERNELS = FfiLibrary(SOURCE, "cpu_kernels", {TARGET: "PagedjaxRaggedPagedAttention",
+                                              MATMUL_TARGET: "PagedjaxMatmul"})
+_load = _KERNELS.load
 
 
 def available() -> bool:
@@ -202,7 +218,7 @@ def fast_matmul() -> bool:
 
 def unavailable_reason() -> str | None:
     _load()
-    return _state.get("error")
+    return _KERNELS.error
 
 
 def supports(q_dtype, kv_dtype, head_dim: int) -> bool:

@@ -30,28 +30,21 @@
 #include <utility>
 #include <vector>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
+#include "cpu_simd.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
 
-typedef float v8f __attribute__((vector_size(32)));
-typedef int32_t v8i __attribute__((vector_size(32)));
+using pagedjax_simd::v8f;
+using pagedjax_simd::v8i;
 
 constexpr int kShift = 19;                       // float bits >> 19: 16 buckets per binade
 constexpr int kBuckets = (0x3F800000 >> kShift) + 1;  // e in [0, 1]: bucket of 1.0 is the last
 
-inline v8f load8(const float* p) {
-  v8f v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof(v)); }
+using pagedjax_simd::load8;
+using pagedjax_simd::store8;
 
 // exp(x) for x <= 0, 8 lanes; 0 below -87 (and for -inf). ~2 ulp (Cephes' polynomial).
 inline v8f exp8(v8f x) {
@@ -364,15 +357,7 @@ extern "C" int PagedjaxSelfTest() {
   bad |= sample_row(w, x.data(), V, 1.0f, 1, 1.0f, 0.0f, 0.7f) != best;    // top-k 1
   const int32_t t = sample_row(w, x.data(), V, 0.7f, 50, 0.9f, 0.01f, 0.3f);
   bad |= t < 0 || t >= V || x[t] < 0.9f * x[first];
-#if defined(__AVX512F__)
-  {
-    volatile float in[16] = {1.0f};
-    float out[16];
-    __m512 v = _mm512_loadu_ps(const_cast<const float*>(in));
-    _mm512_storeu_ps(out, _mm512_add_ps(v, v));
-    bad |= out[0] != 2.0f;
-  }
-#endif
+  bad |= pagedjax_simd::avx512_self_test();
   return bad;
 }
 

@@ -17,9 +17,6 @@ with ``PAGEDJAX_CPU_NATIVE=0``, and the sampler then keeps its jnp path.
 
 from __future__ import annotations
 
-import ctypes
-import os
-import threading
 from pathlib import Path
 
 import jax
@@ -30,27 +27,8 @@ from kernels_pallas import cpu_native
 TARGET = "pagedjax_sample"
 SOURCE = Path(__file__).with_name("cpu_sampler.cc")
 
-_lock = threading.Lock()
-_state: dict = {}  # "lib": the loaded library, "error": why there is none
-
-
-def _load():
-    with _lock:
-        if "lib" in _state or "error" in _state:
-            return _state.get("lib")
-        if os.environ.get("PAGEDJAX_CPU_NATIVE", "1") == "0":
-            _state["error"] = "disabled by PAGEDJAX_CPU_NATIVE=0"
-            return None
-        try:
-            lib = ctypes.cdll.LoadLibrary(str(cpu_native.build(source=SOURCE,
-                                                               name="cpu_sampler")))
-            jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.PagedjaxSample),
-                                        platform="cpu")
-        except (RuntimeError, OSError, AttributeError) as e:
-            _state["error"] = str(e)
-            return None
-        _state["lib"] = lib
-        return lib
+_LIB = cpu_native.FfiLibrary(SOURCE, "cpu_sampler", {TARGET: "PagedjaxSample"})
+_load = _LIB.load
 
 
 def available() -> bool:
@@ -60,7 +38,7 @@ def available() -> bool:
 
 def unavailable_reason() -> str | None:
     _load()
-    return _state.get("error")
+    return _LIB.error
 
 
 def sample(x: jax.Array, temperature: jax.Array, greedy: jax.Array, top_k: jax.Array,
