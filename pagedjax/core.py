@@ -42,7 +42,13 @@ class _Sampling:
     bad_words_ids: list
     prompt_logprobs: int | None
     needs_history: bool  # the host must know every token before the next step
-    keep_topk: bool = False  # beam search reads each step's top-k
+    keep_topk: bool  # beam search reads each step's top-k
+    seqs: set[str]  # the request's live sequence ids
+
+    @property
+    def serial(self) -> bool:
+        """While this request lives, steps run serially (see the module docstring)."""
+        return self.needs_history or self.keep_topk
 
 
 @dataclasses.dataclass
@@ -64,11 +70,13 @@ class EngineCore:
         self.eos_token_ids = tuple(eos_token_ids)
         self.async_scheduling = async_scheduling
         self._sampling: dict[str, _Sampling] = {}  # request id -> sampling state
+        self._num_serial = 0  # live requests whose steps must run serially
         self._root: dict[str, tuple[str, int]] = {}  # seq id -> (request id, sample index)
         self._inflight: _InFlight | None = None
         self._topk: dict[str, dict[int, float]] = {}  # beam sequences: latest top-k
         self._recent: dict[str, None] = {}  # request ids of the steps being worked on
         self.num_steps = 0
+        self.num_overlapped_steps = 0
 
     # ------------------------------------------------------------------ requests
     def add_request(self, req: Request, fallback_seed: int, bad_words_ids: list,
@@ -85,9 +93,11 @@ class EngineCore:
         history = bool(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0
                        or any(len(w) > 1 for w in bad_words_ids))
         self.scheduler.add_request(req)
-        self._sampling[req.request_id] = _Sampling(params, fallback_seed, bad_words_ids,
-                                                   p.prompt_logprobs, history, keep_topk)
-        self._root[req.request_id] = (req.request_id, 0)
+        s = _Sampling(params, fallback_seed, bad_words_ids, p.prompt_logprobs, history,
+                      keep_topk, set())
+        self._sampling[req.request_id] = s
+        self._num_serial += s.serial
+        self._join(req.request_id, req.request_id, 0)
 
     def finish_sequences(self, seq_ids: Sequence[str], reason: str = "abort",
                          stop_reason: Any = None) -> None:
@@ -98,31 +108,38 @@ class EngineCore:
 
     def abort_request(self, request_id: str) -> None:
         """Abort a request and all of its sequences."""
-        for sid in [s for s, (r, _) in self._root.items() if r == request_id]:
+        s = self._sampling.get(request_id)
+        for sid in list(s.seqs) if s is not None else ():
             self.scheduler.abort_request(sid)
             self._forget_seq(sid)
-        self._sampling.pop(request_id, None)
+
+    def _join(self, sid: str, request_id: str, index: int) -> None:
+        """Sequence ``sid`` (sample ``index``) belongs to ``request_id``."""
+        self._root[sid] = (request_id, index)
+        self._sampling[request_id].seqs.add(sid)
 
     def _forget_seq(self, sid: str) -> None:
+        """Sequence ``sid`` is gone; so is its request once no sequence is left."""
         self._topk.pop(sid, None)
         ref = self._root.pop(sid, None)
-        if ref is not None and not any(r == ref[0] for r, _ in self._root.values()):
-            self._sampling.pop(ref[0], None)
+        s = self._sampling.get(ref[0]) if ref is not None else None
+        if s is not None:
+            s.seqs.discard(sid)
+            if not s.seqs:
+                del self._sampling[ref[0]]
+                self._num_serial -= s.serial
 
     def step_request_ids(self) -> list[str]:
         """Requests with a row in the latest launched step or the one in flight
         (the requests a failing ``step()`` was working on)."""
         return list(self._recent)
 
-    def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished_requests() or self._inflight is not None
-
     # ------------------------------------------------------------------ beams (public)
     def fork_sequence(self, seq_id: str, new_seq_id: str) -> None:
         """A new sequence sharing ``seq_id``'s tokens and pages (copy-on-write)."""
         self._drain_check()
         self.scheduler.fork_request(seq_id, new_seq_id)
-        self._root[new_seq_id] = self._root[seq_id]
+        self._join(new_seq_id, *self._root[seq_id])
 
     def replace_pending_token(self, seq_id: str, token_id: int) -> None:
         """Swap the newest (sampled, not yet computed) token of a sequence."""
@@ -145,8 +162,7 @@ class EngineCore:
 
     # ------------------------------------------------------------------ step
     def _serial(self) -> bool:
-        return not self.async_scheduling or any(
-            s.needs_history or s.keep_topk for s in self._sampling.values())
+        return not self.async_scheduling or self._num_serial > 0
 
     def step(self) -> CoreOutput:
         """Schedule and launch the next step; return the results of the one before
@@ -160,6 +176,8 @@ class EngineCore:
         sched = self.scheduler.schedule()
         self._recent.update(dict.fromkeys(self._root[r.request_id][0] for r in sched.rows))
         launched = self._launch(sched, out) if sched.rows else None
+        if launched is not None and self._inflight is not None:
+            self.num_overlapped_steps += 1  # launched while the one before was in flight
         if self._inflight is not None:
             self._complete(self._take_inflight(), out)
         self._inflight = launched
@@ -247,7 +265,7 @@ class EngineCore:
         for req in changed:
             if (req.request_id not in first_of and req.parent_id in self._root
                     and (req.parent_id, req.sample_index) in extra_of):
-                self._root[req.request_id] = (self._root[req.parent_id][0], req.sample_index)
+                self._join(req.request_id, self._root[req.parent_id][0], req.sample_index)
         for req in changed:
             j = first_of.get(req.request_id)
             if j is None:

@@ -45,13 +45,43 @@ def _enable_compilation_cache(path: str | None) -> None:
         pass
 
 
+def resolve_config(args: EngineArgs, info, mesh) -> EngineConfig:
+    """EngineArgs resolved once against the model and the devices."""
+    from kernels_pallas import KV_CACHE_DTYPES, resolve_backend
+
+    max_model_len = args.max_model_len or min(info.max_model_len, 2048)
+    if max_model_len > info.max_model_len:
+        raise ValueError(f"max_model_len={max_model_len} exceeds the model's limit "
+                         f"{info.max_model_len}; lower max_model_len")
+    mnbt = args.max_num_batched_tokens or max(512, min(2048, args.max_num_seqs))
+    kv_dtype = info.dtype if args.kv_cache_dtype == "auto" else KV_CACHE_DTYPES[args.kv_cache_dtype]
+    num_pages = args.num_pages
+    if num_pages is None:
+        budget = int(args.cpu_kv_cache_gib * 2**30)
+        if jax.default_backend() != "cpu":
+            stats = jax.devices()[0].memory_stats() or {}
+            if stats.get("bytes_limit"):
+                budget = (int(stats["bytes_limit"] * args.gpu_memory_utilization)
+                          - stats.get("bytes_in_use", 0))
+        num_pages = default_num_pages(info, args.page_size, kv_dtype, max_model_len,
+                                      args.max_num_seqs, budget)
+    # `auto` under tensor parallelism on CPU is `xla` (GSPMD partitions it; the C++
+    # kernels would need shard_map too); elsewhere the platform's kernel, per device
+    # through shard_map under TP.
+    if args.attention_backend == "auto" and mesh is not None and jax.default_backend() == "cpu":
+        backend = "xla"
+    else:
+        backend = resolve_backend(args.attention_backend)
+    return EngineConfig(args=args, max_model_len=max_model_len, max_num_batched_tokens=mnbt,
+                        num_pages=num_pages, attention_backend=backend, kv_cache_dtype=kv_dtype)
+
+
 class LLMEngine:
     """The engine behind ``LLM`` and the server."""
 
     def __init__(self, args: EngineArgs):
         import models
         from pagedjax import tokenizer as tok_mod
-        from kernels_pallas import KV_CACHE_DTYPES
 
         args.validate()
         self.args = args
@@ -83,51 +113,28 @@ class LLMEngine:
         tok_src = args.tokenizer or self.resolved.tokenizer_source
         tok_kwargs = {} if args.tokenizer else dict(self.resolved.tokenizer_kwargs)
         self.tokenizer = tok_mod.load_tokenizer(tok_src, **tok_kwargs)
-        self.max_model_len = args.max_model_len or min(info.max_model_len, 2048)
-        if self.max_model_len > info.max_model_len:
-            raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's limit "
-                             f"{info.max_model_len}; lower max_model_len")
-        mnbt = args.max_num_batched_tokens or max(512, min(2048, args.max_num_seqs))
-        if args.kv_cache_dtype == "auto":
-            kv_dtype = info.dtype
-        else:
-            kv_dtype = KV_CACHE_DTYPES[args.kv_cache_dtype]
-        num_pages = args.num_pages
-        if num_pages is None:
-            budget = int(args.cpu_kv_cache_gib * 2**30)
-            if jax.default_backend() != "cpu":
-                stats = jax.devices()[0].memory_stats() or {}
-                limit = stats.get("bytes_limit", 0)
-                used = stats.get("bytes_in_use", 0)
-                if limit:
-                    budget = int(limit * args.gpu_memory_utilization) - used
-            num_pages = default_num_pages(info, args.page_size, kv_dtype, self.max_model_len,
-                                          args.max_num_seqs, budget)
-        self.num_pages = num_pages
-        if args.tensor_parallel_size > 1:
+        self.config = cfg = resolve_config(args, info, self.mesh)
+        pool_dtype = None if args.kv_cache_dtype == "auto" else cfg.kv_cache_dtype
+        if self.mesh is not None:
             from pagedjax import sharding
 
-            kv = sharding.allocate_sharded_kv(self.model, self.mesh, num_pages, args.page_size,
-                                              None if args.kv_cache_dtype == "auto" else kv_dtype)
+            kv = sharding.allocate_sharded_kv(self.model, self.mesh, cfg.num_pages,
+                                              args.page_size, pool_dtype)
         else:
-            kv = self.model.allocate_kv_caches(
-                num_pages, args.page_size, None if args.kv_cache_dtype == "auto" else kv_dtype)
+            kv = self.model.allocate_kv_caches(cfg.num_pages, args.page_size, pool_dtype)
         if (args.scan_layers and self.mesh is None and hasattr(self.model, "can_scan")
                 and self.model.can_scan()):
             self.params = self.model.stack_params(self.params)
             kv = self.model.stack_kv_caches(kv)
-        self.attn_backend = self._resolve_backend(args.attention_backend)
-        self.config = EngineConfig(args=args, max_model_len=self.max_model_len,
-                                   max_num_batched_tokens=mnbt, num_pages=num_pages,
-                                   attention_backend=self.attn_backend, kv_cache_dtype=kv_dtype)
-        self.scheduler = Scheduler(num_pages, args.page_size, args.max_num_seqs, mnbt,
-                                   self.max_model_len,
+        mnbt = cfg.max_num_batched_tokens
+        self.scheduler = Scheduler(cfg.num_pages, args.page_size, args.max_num_seqs, mnbt,
+                                   cfg.max_model_len,
                                    enable_prefix_caching=args.enable_prefix_caching,
                                    policy=args.scheduling_policy)
         self.runner = Runner(self.model, self.params, kv, page_size=args.page_size,
                              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=mnbt,
-                             max_model_len=self.max_model_len,
-                             plan=make_plan(self.attn_backend, self.mesh))
+                             max_model_len=cfg.max_model_len,
+                             plan=make_plan(cfg.attention_backend, self.mesh))
         # Multi-host: process 0 publishes its requests to the followers before each step.
         self._leader = multihost.make_leader()
         self.eos_token_ids = tuple(info.eos_token_ids) or (
@@ -139,15 +146,17 @@ class LLMEngine:
         self._counter = itertools.count()
         self.num_prompt_tokens = 0
 
-    def _resolve_backend(self, requested: str) -> str:
-        """``auto`` under tensor parallelism on CPU is ``xla`` (GSPMD partitions it;
-        the C++ kernels would need shard_map too); elsewhere the platform's kernel,
-        per device through shard_map under TP."""
-        from kernels_pallas import resolve_backend
+    @property
+    def max_model_len(self) -> int:
+        return self.config.max_model_len
 
-        if requested == "auto" and self.mesh is not None and jax.default_backend() == "cpu":
-            return "xla"
-        return resolve_backend(requested)
+    @property
+    def num_pages(self) -> int:
+        return self.config.num_pages
+
+    @property
+    def attn_backend(self) -> str:
+        return self.config.attention_backend
 
     # ------------------------------------------------------------------ requests
     def tokenize(self, prompt: Any) -> tuple[str | None, list[int]]:
