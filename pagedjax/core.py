@@ -195,9 +195,10 @@ class EngineCore:
         rid = self._root[sid][0]
         s = self._sampling[rid]
         # Placeholders count as outputs (the seed counter); this row's own one does not.
-        outputs = [] if fork else req.output_token_ids + [-1] * (req.num_pending - 1)
+        # The output list is passed as is, never copied: this runs per row per step.
         return RowState(params=s.params[index], prompt_token_ids=req.prompt_token_ids,
-                        output_token_ids=outputs,
+                        output_token_ids=[] if fork else req.output_token_ids,
+                        num_placeholders=0 if fork else req.num_pending - 1,
                         fallback_seed=(s.fallback_seed + 7919 * index) % (2**31 - 1),
                         eos_token_ids=self.eos_token_ids, bad_words_token_ids=s.bad_words_ids)
 

@@ -70,7 +70,10 @@ class RowState:
     draws it (per request, or per step for fresh randomness).
     ``eos_token_ids`` are banned while ``len(output) < min_tokens`` (unless
     ``ignore_eos``). ``bad_words_token_ids`` are the tokenised ``bad_words``
-    (see ``pagedjax.tokenizer.bad_words_token_ids``).
+    (see ``pagedjax.tokenizer.bad_words_token_ids``). ``num_placeholders``
+    counts outputs already sampled but not yet known on the host (overlapped
+    steps): they count for the seed counter and ``min_tokens`` (requests whose
+    penalties or bad words need the tokens themselves run serially, with 0).
     """
 
     params: SamplingParams
@@ -79,6 +82,11 @@ class RowState:
     fallback_seed: int = 0
     eos_token_ids: Sequence[int] = ()
     bad_words_token_ids: Sequence[Sequence[int]] = ()
+    num_placeholders: int = 0
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self.output_token_ids) + self.num_placeholders
 
 
 @dataclass
@@ -149,7 +157,7 @@ def _bans(row: RowState) -> list[int]:
     p = row.params
     out = row.output_token_ids
     bans: list[int] = []
-    if len(out) < p.min_tokens:
+    if row.num_outputs < p.min_tokens:
         bans.extend(p.stop_token_ids)
         if not p.ignore_eos:
             bans.extend(row.eos_token_ids)
@@ -230,7 +238,7 @@ def build_sampling_tensors(rows: Sequence[RowState], num_rows_padded: int, vocab
     hist: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     for r, row in enumerate(rows):
         p = row.params
-        counter[r] = len(row.output_token_ids)
+        counter[r] = row.num_outputs
         key_data[r] = _seed_words(p.seed if p.seed is not None else row.fallback_seed)
         if p.temperature >= SAMPLING_EPS:
             greedy[r] = False

@@ -205,3 +205,18 @@ def test_build_rejects_too_long_history():
     rows = _rows([SP(presence_penalty=1.0)], output=list(range(20)))
     with pytest.raises(ValueError, match="raise history_len"):
         build_sampling_tensors(rows, 1, V, 8)
+
+
+def test_placeholders_count_as_outputs():
+    """An overlapped step's row has outputs the host does not know yet: they count for
+    the seed counter and min_tokens exactly like known tokens."""
+    p_seed, p_min = SP(temperature=1.0, seed=9), SP(temperature=0, min_tokens=3, stop_token_ids=[0])
+    known = _st([RowState(p_seed, [1], [4, 5, 6]), RowState(p_min, [1], [4, 5, 6])])
+    pending = _st([RowState(p_seed, [1], [4], num_placeholders=2),
+                   RowState(p_min, [1], [4], num_placeholders=2)])
+    short = _st([RowState(p_seed, [1], [4], num_placeholders=1),
+                 RowState(p_min, [1], [4], num_placeholders=1)])
+    np.testing.assert_array_equal(known.counter, pending.counter)
+    assert known.counter[0] == 3 and short.counter[0] == 2
+    assert not known.use_edits and not pending.use_edits  # 3 outputs: min_tokens met
+    assert short.use_edits and 0 in short.edit_ids[1].tolist()  # 2 outputs: stop id banned
