@@ -36,6 +36,8 @@ class AttentionMetadata:
     page_table: jax.Array  # i32[S, P] physical page ids; padding -> 0
     cu_q_lens: jax.Array  # i32[S+1]   prefix sums of new-token counts (padding seqs add 0)
     num_seqs: jax.Array  # i32[]       valid sequences
+    lora_slots: jax.Array | None = None  # i32[T] LoRA slot of each token (-1: none);
+    #                                      None when LoRA serving is off (models/lora.py)
     # Static (part of the compiled shape, not traced):
     max_q_len: int | None = dataclasses.field(default=None, metadata=dict(static=True))
 

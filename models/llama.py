@@ -41,7 +41,7 @@ class LlamaLayer(nnx.Module):
     def __call__(self, x, cache, meta, plan, rope):  # x [T, H], rope: cos, sin [T, D/2]
         a, cache = self.attn(self.input_layernorm(x), cache, meta, plan, rope)
         x = x + a
-        return x + self.mlp(self.post_attention_layernorm(x), plan), cache
+        return x + self.mlp(self.post_attention_layernorm(x), plan, meta.lora_slots), cache
 
 
 class LlamaForCausalLM(DecoderLM):
@@ -49,6 +49,7 @@ class LlamaForCausalLM(DecoderLM):
     default_qkv_bias = False
     default_tie_word_embeddings = False
     qk_norm = False
+    supports_lora = True  # q/k/v/o and gate/up/down (models/lora.py); subclasses inherit
 
     def __init__(self, config: dict, *, dtype=jnp.float32, rngs: nnx.Rngs | None = None):
         c = ConfigReader(dict(config), self.architecture)  # not stored: graphs hold hashables

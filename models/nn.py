@@ -83,11 +83,16 @@ class Linear(nnx.Module):
         out_shape = (out_shape,) if isinstance(out_shape, int) else tuple(out_shape)
         self.kernel = param((in_features, *out_shape), dtype, axes)
         self.bias = param(out_shape, dtype, axes[1:]) if bias else None
+        self.lora = None  # a models.lora.LoRATable when LoRA serving is on
 
-    def __call__(self, x: jax.Array, plan: ExecutionPlan = DEFAULT_PLAN) -> jax.Array:
-        y = qmatmul(x, self.kernel, plan)  # x [T, In] -> [T, *Out]
+    def __call__(self, x: jax.Array, plan: ExecutionPlan = DEFAULT_PLAN,
+                 lora_slots: jax.Array | None = None) -> jax.Array:
+        """x [T, In] -> [T, *Out]; lora_slots i32[T]: each token's adapter slot (-1: none)."""
+        y = qmatmul(x, self.kernel, plan)
         if self.bias is not None:
             y = y + self.bias[...]
+        if self.lora is not None and lora_slots is not None:
+            y = y + self.lora(x, lora_slots)
         return y
 
 
@@ -143,9 +148,10 @@ class GatedMLP(nnx.Module):
         self.down = Linear(inter, hidden, ("mlp", "embed"), dtype=dtype)
         self.act = L.activation(act)
 
-    def __call__(self, x: jax.Array, plan: ExecutionPlan = DEFAULT_PLAN) -> jax.Array:
-        gu = self.gate_up(x, plan)  # [T, 2, I]
-        return self.down(self.act(gu[:, 0]) * gu[:, 1], plan)
+    def __call__(self, x: jax.Array, plan: ExecutionPlan = DEFAULT_PLAN,
+                 lora_slots: jax.Array | None = None) -> jax.Array:
+        gu = self.gate_up(x, plan, lora_slots)  # [T, 2, I]
+        return self.down(self.act(gu[:, 0]) * gu[:, 1], plan, lora_slots)
 
 
 class PlainMLP(nnx.Module):
@@ -196,7 +202,7 @@ class Attention(nnx.Module):
         rope: tuple[jax.Array, jax.Array] | None = None,  # cos, sin [T, D/2]
     ) -> tuple[jax.Array, tuple]:  # out [T, H], cache
         t = x.shape[0]
-        y = self.qkv_proj(x, plan)  # [T, Hkv, G+2, D]
+        y = self.qkv_proj(x, plan, meta.lora_slots)  # [T, Hkv, G+2, D]
         g = y.shape[2] - 2
         q, k, v = y[:, :, :g], y[:, :, g], y[:, :, g + 1]
         if self.q_norm is not None:
@@ -212,7 +218,7 @@ class Attention(nnx.Module):
             soft_cap=self.soft_cap, kv_scales=scales, max_q_len=meta.max_q_len,
             backend=plan.attn_backend,
         )  # [T, Hq, D]
-        return self.o_proj(out.reshape(t, hkv * g * d), plan), (pages, scales)
+        return self.o_proj(out.reshape(t, hkv * g * d), plan, meta.lora_slots), (pages, scales)
 
 
 # ----------------------------------------------------------------------------- quantization

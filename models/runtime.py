@@ -34,16 +34,24 @@ class CausalLM:
     """Engine interface over an NNX decoder module class (see models/common.py)."""
 
     def __init__(self, module_cls, config: dict, dtype=jnp.float32, *,
-                 quantized: dict[tuple, str] | None = None):
+                 quantized: dict[tuple, str] | None = None, lora=None):
         self.module_cls = module_cls
         self.config = dict(config)
         self.dtype = jnp.dtype(dtype)
         self.quantized = dict(quantized or {})
+        self.lora = lora  # models.lora.LoRASpec | None: slot tables on the target projections
         self.architecture = getattr(module_cls, "architecture", module_cls.__name__)
+        self.lora_targets = []
 
         def build():
             m = module_cls(self.config, dtype=self.dtype, rngs=nnx.Rngs(0))
-            return nn.quantize_weights(m, self.quantized) if self.quantized else m
+            m = nn.quantize_weights(m, self.quantized) if self.quantized else m
+            if lora is not None:
+                from models import lora as lora_mod
+
+                self.lora_targets = lora_mod.find_targets(m, m.weight_map())
+                lora_mod.attach(m, self.lora_targets, lora)
+            return m
 
         self.abstract = nnx.eval_shape(build)
         self.graphdef, self.abstract_state = nnx.split(self.abstract)
@@ -53,7 +61,18 @@ class CausalLM:
 
     def with_quantization(self, kinds: dict[tuple, str]) -> "CausalLM":
         """The same model with the weights at ``kinds``' paths kept quantized."""
-        return CausalLM(self.module_cls, self.config, self.dtype, quantized=kinds)
+        return CausalLM(self.module_cls, self.config, self.dtype, quantized=kinds, lora=self.lora)
+
+    def with_lora(self, spec) -> "CausalLM":
+        """The same model with LoRA slot tables (``models.lora.LoRASpec``) on every
+        projection an adapter can target; ValueError if the architecture has none."""
+        from models import lora as lora_mod
+
+        if not lora_mod.supports_lora(self.module_cls):
+            raise ValueError(f"enable_lora: {self.architecture} does not support LoRA adapters "
+                             "(supported: Llama, Mistral, Qwen2, Qwen3 and Phi-3 architectures)")
+        return CausalLM(self.module_cls, self.config, self.dtype, quantized=self.quantized,
+                        lora=spec)
 
     # -- engine interface -----------------------------------------------------------
 

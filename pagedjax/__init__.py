@@ -21,6 +21,7 @@ _LAZY = {
     "CompletionOutput": ("pagedjax.outputs", "CompletionOutput"),
     "Logprob": ("pagedjax.outputs", "Logprob"),
     "BeamSearchOutput": ("pagedjax.outputs", "BeamSearchOutput"),
+    "LoRARequest": ("pagedjax.lora.request", "LoRARequest"),
 }
 
 __all__ = list(_LAZY) + ["__version__"]

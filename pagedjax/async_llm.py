@@ -131,6 +131,11 @@ class AsyncLLM:
             raise EngineDeadError(self._dead_message()) from e
         return await fut
 
+    async def check_lora(self, lora_request) -> None:
+        """Read and check an adapter off the engine thread (ValueError if it cannot
+        be served); it is loaded onto the device when a request uses it."""
+        await self.run_in_worker(self.engine.validate_lora, lora_request)
+
     async def tokenize(self, prompt: Any) -> tuple[Optional[str], list[int]]:
         """``engine.tokenize`` in the worker pool: (text or None, token ids)."""
         return await self.run_in_worker(self.engine.tokenize, prompt)
@@ -150,7 +155,7 @@ class AsyncLLM:
 
     async def add_request(self, request_id: str, prompt: Any,
                           params: Optional[SamplingParams] = None, *,
-                          priority: int = 0) -> RequestStream:
+                          priority: int = 0, lora_request=None) -> RequestStream:
         """Queue one request; its outputs come from the returned stream.
 
         Raises ``ValueError`` for a bad request. Iterate the stream with
@@ -167,7 +172,7 @@ class AsyncLLM:
         loop = asyncio.get_running_loop()
         stream = RequestStream(request_id, loop, params.output_kind, self._abort_nowait)
         added = loop.create_future()
-        self._submit(("add", request_id, prompt, params, stream, added, priority))
+        self._submit(("add", request_id, prompt, params, stream, added, priority, lora_request))
         try:
             await added  # raises ValueError for a bad request
         except ValueError:
@@ -179,7 +184,7 @@ class AsyncLLM:
 
     async def generate(self, prompt: Any, sampling_params: Optional[SamplingParams] = None,
                        request_id: Optional[str] = None, *,
-                       priority: int = 0) -> AsyncIterator[RequestOutput]:
+                       priority: int = 0, lora_request=None) -> AsyncIterator[RequestOutput]:
         """Yield this request's outputs as the engine produces them.
 
         ``sampling_params.output_kind`` picks cumulative outputs (default),
@@ -187,7 +192,8 @@ class AsyncLLM:
         cancelling the task, aborts the request and frees its pages.
         """
         rid = request_id if request_id is not None else f"req-{uuid.uuid4().hex}"
-        stream = await self.add_request(rid, prompt, sampling_params, priority=priority)
+        stream = await self.add_request(rid, prompt, sampling_params, priority=priority,
+                                        lora_request=lora_request)
         try:
             async for out in stream:
                 yield out
@@ -247,9 +253,9 @@ class AsyncLLM:
 
     def _apply(self, cmd: tuple) -> None:
         if cmd[0] == "add":
-            _, rid, prompt, params, stream, fut, priority = cmd
+            _, rid, prompt, params, stream, fut, priority, lora = cmd
             try:
-                self.engine.add_request(rid, prompt, params, priority=priority)
+                self.engine.add_request(rid, prompt, params, priority=priority, lora_request=lora)
             except Exception as e:  # noqa: BLE001 - ValueError: bad input; else an engine bug
                 if not isinstance(e, ValueError):
                     logger.exception("add_request %s failed", rid)

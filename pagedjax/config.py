@@ -64,6 +64,12 @@ class EngineArgs:
                                                    "~/.cache/pagedjax/xla)")
     async_scheduling: bool = _opt(True, "overlap each step's host work with the previous "
                                         "device step (same outputs; off for debugging)")
+    enable_lora: bool = _opt(False, "serve LoRA adapters (PEFT folders) on top of the model, "
+                                    "mixed in one batch (docs/lora.md)")
+    max_loras: int = _opt(1, "LoRA adapters held on the device at once (slots)")
+    max_lora_rank: int = _opt(16, "largest LoRA rank served")
+    max_cpu_loras: int | None = _opt(None, "LoRA adapters cached in host memory "
+                                           "(default: max_loras)")
 
     def validate(self) -> None:
         def positive(name: str, value: Any) -> None:
@@ -72,7 +78,8 @@ class EngineArgs:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
         for name in ("max_model_len", "num_pages", "page_size", "max_num_seqs",
-                     "max_num_batched_tokens", "tensor_parallel_size"):
+                     "max_num_batched_tokens", "tensor_parallel_size", "max_loras",
+                     "max_lora_rank", "max_cpu_loras"):
             positive(name, getattr(self, name))
         if self.page_size & (self.page_size - 1):
             raise ValueError(f"page_size must be a power of two (e.g. 16), got {self.page_size}")

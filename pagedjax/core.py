@@ -64,8 +64,9 @@ class EngineCore:
     """Scheduler + runner; sequences in, token deltas out."""
 
     def __init__(self, scheduler: Scheduler, runner: Runner, eos_token_ids: Sequence[int],
-                 async_scheduling: bool = True):
+                 async_scheduling: bool = True, lora_slot=None):
         self.scheduler = scheduler
+        self.lora_slot = lora_slot  # lora_int_id -> device slot (LoRAManager.slot_of), or None
         self.runner = runner
         self.eos_token_ids = tuple(eos_token_ids)
         self.async_scheduling = async_scheduling
@@ -211,8 +212,11 @@ class EngineCore:
         prompt_lp: dict[str, int] = {}
         prompt_tokens: dict[str, list[int]] = {}
         prompt_starts: dict[str, int] = {}
+        lora_slots = [] if self.lora_slot is not None else None
         for i, row in enumerate(sched.rows):
             req = self.scheduler.get_request(row.request_id)
+            if lora_slots is not None:
+                lora_slots.append(self.lora_slot(req.lora_int_id))
             rid, idx = self._root[row.request_id]
             out.first_scheduled.setdefault(rid, now)  # kept only the first time
             out.num_cached_tokens[rid] = max(out.num_cached_tokens.get(rid, 0),
@@ -239,7 +243,8 @@ class EngineCore:
         prev = self._inflight
         launched = self.runner.launch(sched.rows, first + extra, prompt_lp, prompt_tokens,
                                       prev=prev.launched if prev else None,
-                                      token_src=prev.token_src if prev else None)
+                                      token_src=prev.token_src if prev else None,
+                                      lora_slots=lora_slots)
         self.num_steps += 1
         return _InFlight(sched, launched, targets_first + targets_extra, token_src,
                          prompt_starts)

@@ -103,6 +103,12 @@ class LLMEngine:
             self.model, self.params = models.load_model(args.model, dtype=args.dtype,
                                                         quantization=args.quantization)
             self.mesh = None
+        self.lora = None  # pagedjax.lora.manager.LoRAManager when enable_lora
+        if args.enable_lora:
+            from pagedjax.lora.setup import enable_lora, make_manager
+
+            self.model, self.params = enable_lora(self.model, self.params, args, self.mesh)
+            self.lora = make_manager(self.model, args, lambda: self.runner)
         info = self.model.info
         self.info = info
         # Bytes of the weights as they sit on the device(s) (quantized stays quantized).
@@ -130,7 +136,8 @@ class LLMEngine:
         self.scheduler = Scheduler(cfg.num_pages, args.page_size, args.max_num_seqs, mnbt,
                                    cfg.max_model_len,
                                    enable_prefix_caching=args.enable_prefix_caching,
-                                   policy=args.scheduling_policy)
+                                   policy=args.scheduling_policy,
+                                   admit=self.lora.admit if self.lora is not None else None)
         self.runner = Runner(self.model, self.params, kv, page_size=args.page_size,
                              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=mnbt,
                              max_model_len=cfg.max_model_len,
@@ -140,7 +147,10 @@ class LLMEngine:
         self.eos_token_ids = tuple(info.eos_token_ids) or (
             (self.tokenizer.eos_token_id,) if self.tokenizer.eos_token_id is not None else ())
         self.core = EngineCore(self.scheduler, self.runner, self.eos_token_ids,
-                               async_scheduling=args.async_scheduling)
+                               async_scheduling=args.async_scheduling,
+                               lora_slot=self.lora.slot_of if self.lora is not None else None)
+        if self.lora is not None:
+            self.lora.warmup()
         self.processor = OutputProcessor(self.tokenizer)
         self._rng = np.random.default_rng(args.seed)
         self._counter = itertools.count()
@@ -180,11 +190,12 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt: Any, params: SamplingParams | None = None,
                     arrival_time: float | None = None, priority: int = 0, *,
-                    beam: bool = False) -> None:
+                    beam: bool = False, lora_request=None) -> None:
         """Validate and queue one request. Raises ValueError before any work starts.
 
         ``beam=True``: a sequence driven by beam search (no text side; its top-k
         logprobs are kept for :meth:`take_top_logprobs`, and steps run serially).
+        ``lora_request``: a :class:`pagedjax.LoRARequest` (needs ``enable_lora``).
         """
         from pagedjax import tokenizer as tok_mod
 
@@ -206,9 +217,12 @@ class LLMEngine:
         # Prompt logprobs need every prompt position computed: a unique salt keeps
         # the prefix cache from skipping any of them.
         salt = f"plp-{request_id}-{next(self._counter)}" if params.prompt_logprobs is not None else None
+        lora_id = self._check_lora(lora_request)
+        if lora_id:  # prefix-cache pages of one adapter never serve another
+            salt = f"lora-{lora_id}:{lora_request.lora_path}|{salt or ''}"
         req = Request(request_id, ids, params, eos_token_ids=self.eos_token_ids,
                       arrival_time=arrival, priority=priority, max_model_len=self.max_model_len,
-                      cache_salt=salt)
+                      cache_salt=salt, lora_int_id=lora_id)
         self.core.add_request(req, int(self._rng.integers(0, 2**31 - 1)), bad_ids,
                               keep_topk=beam)  # raises ValueError on a bad request
         if not beam:
@@ -216,6 +230,29 @@ class LLMEngine:
         if self._leader is not None:
             self._leader.publish_add(request_id, prompt, params, arrival, priority)
         self.num_prompt_tokens += len(ids)
+
+    def _check_lora(self, lora_request) -> int:
+        """Register a request's adapter (reads and checks it); its id, 0 for none."""
+        if lora_request is None:
+            return 0
+        if self.lora is None:
+            raise ValueError("lora_request needs an engine started with enable_lora=True")
+        self.lora.add(lora_request)
+        return lora_request.lora_int_id
+
+    def add_lora(self, lora_request) -> None:
+        """Register an adapter now (read and checked; loaded onto the device when used)."""
+        self._check_lora(lora_request)
+
+    def validate_lora(self, lora_request) -> None:
+        """Read and check an adapter without registering it (safe off the engine thread)."""
+        if self.lora is None:
+            raise ValueError("LoRA adapters need an engine started with enable_lora=True")
+        self.lora.validate(lora_request)
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Forget an adapter (queued requests still finish with it); False if unknown."""
+        return self.lora is not None and self.lora.remove(lora_int_id)
 
     def abort_request(self, request_id: str | Sequence[str]) -> None:
         """Abort requests (all their sequences) at any time; their pages are freed at once."""

@@ -108,8 +108,9 @@ class Buckets:
 
 def prepare(buckets: Buckets, rows, sample_rows: Sequence[SampleRow], prompt_lp: dict[str, int],
         prompt_tokens: dict[str, list[int]] | None, token_src: dict[str, int] | None,
-        vocab_size: int, max_model_len: int):
-    """Host-side padding. Returns (BatchInputs numpy pytree, SamplingTensors, statics)."""
+        vocab_size: int, max_model_len: int, lora_slots=None):
+    """Host-side padding. Returns (BatchInputs numpy pytree, SamplingTensors, statics).
+    ``lora_slots``: each row's LoRA slot (-1: none), None when LoRA is off."""
     ps = buckets.page_size
     num_tokens = sum(len(r.token_ids) for r in rows)
     decode = all(len(r.token_ids) == 1 for r in rows)
@@ -166,9 +167,14 @@ def prepare(buckets: Buckets, rows, sample_rows: Sequence[SampleRow], prompt_lp:
                 for k in range(len(r.token_ids)):
                     nxt = r.start_pos + k + 1
                     next_ids[start + k] = full[nxt] if nxt < len(full) else 0
+    token_lora = None
+    if lora_slots is not None:  # per token, padding -1 (no adapter)
+        token_lora = np.full(t, -1, np.int32)
+        token_lora[:num_tokens] = np.asarray(lora_slots, np.int32)[row_of]
     meta = AttentionMetadata(
         positions=positions, slot_mapping=slots, kv_lens=kv_lens, page_table=page_table,
-        cu_q_lens=cu, num_seqs=np.int32(len(rows)), max_q_len=1 if decode else None)
+        cu_q_lens=cu, num_seqs=np.int32(len(rows)), lora_slots=token_lora,
+        max_q_len=1 if decode else None)
     batch = BatchInputs(token_ids=token_ids, token_src=src, meta=meta,
                         logits_index=logits_index,
                         prompt_next_ids=next_ids)

@@ -35,9 +35,12 @@ class LLM:
 
     # ------------------------------------------------------------------ generate
     def generate(self, prompts: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True, priority: Sequence[int] | None = None) -> list[RequestOutput]:
+                 use_tqdm: bool = True, priority: Sequence[int] | None = None,
+                 lora_request=None) -> list[RequestOutput]:
         """Generate completions for one prompt or a list (strings or token-id lists).
 
+        ``lora_request``: a :class:`pagedjax.LoRARequest` for every prompt, or a list
+        with one per prompt (None entries: the base model); needs ``enable_lora``.
         Returns one :class:`RequestOutput` per prompt, in prompt order.
         """
         if isinstance(prompts, (str, dict)) or (
@@ -55,12 +58,18 @@ class LLM:
                                  "give one, or one per prompt")
         if priority is not None and len(priority) != len(prompts):
             raise ValueError("priority must have one entry per prompt")
+        loras = list(lora_request) if isinstance(lora_request, (list, tuple)) \
+            else [lora_request] * len(prompts)
+        if len(loras) != len(prompts):
+            raise ValueError(f"got {len(loras)} lora requests for {len(prompts)} prompts; "
+                             "give one, or one per prompt")
         engine = self.llm_engine
         ids = []
         try:
             for i, (p, sp) in enumerate(zip(prompts, params)):
                 rid = str(next(self._ids))
-                engine.add_request(rid, p, sp, priority=priority[i] if priority else 0)
+                engine.add_request(rid, p, sp, priority=priority[i] if priority else 0,
+                                   lora_request=loras[i])
                 ids.append(rid)
         except Exception:
             engine.abort_request(ids)

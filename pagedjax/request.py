@@ -91,7 +91,7 @@ class Request:
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: Any,
                  eos_token_ids: tuple[int, ...] = (), arrival_time: float | None = None,
                  priority: int = 0, max_model_len: int | None = None,
-                 cache_salt: str | None = None) -> None:
+                 cache_salt: str | None = None, lora_int_id: int = 0) -> None:
         self.request_id = request_id
         self.prompt_token_ids: list[int] = list(prompt_token_ids)
         self.sampling_params = sampling_params
@@ -100,6 +100,7 @@ class Request:
         self.priority = priority
         self.max_model_len = max_model_len
         self.cache_salt = cache_salt
+        self.lora_int_id = lora_int_id  # LoRA adapter (0: the base model)
 
         self.max_tokens: int | None = _param(sampling_params, "max_tokens", None)
         self.min_tokens: int = _param(sampling_params, "min_tokens", 0)
@@ -202,7 +203,7 @@ class Request:
         """
         child = Request(new_request_id, self.prompt_token_ids, self.sampling_params,
                         self.eos_token_ids, self.arrival_time, self.priority,
-                        self.max_model_len, self.cache_salt)
+                        self.max_model_len, self.cache_salt, self.lora_int_id)
         child.prompt_token_ids = self.prompt_token_ids  # read-only, share it
         child.output_token_ids = list(self.output_token_ids)
         child.num_computed_tokens = self.num_computed_tokens

@@ -95,6 +95,7 @@ class Runner:
         self.attn_backend = plan.attn_backend
         self.vocab_size = model.info.vocab_size
         self.mesh = plan.mesh
+        self.lora_enabled = getattr(model, "lora", None) is not None  # per-token slots in batches
         self.shapes_seen: set[tuple] = set()
         # The latest steps only (bounded): launch-to-fetch seconds, and beside each
         # (decode-only, S bucket, T bucket, real rows, real tokens).
@@ -172,22 +173,27 @@ class Runner:
 
     def prepare(self, rows, sample_rows: Sequence[SampleRow], prompt_lp: dict[str, int],
                 prompt_tokens: dict[str, list[int]] | None = None,
-                token_src: dict[str, int] | None = None):
+                token_src: dict[str, int] | None = None, lora_slots=None):
         """Host-side padding (inputs.prepare). Returns (BatchInputs numpy pytree,
-        SamplingTensors, sample_index, num_logprobs, prompt_k, (T, S, P))."""
+        SamplingTensors, sample_index, num_logprobs, prompt_k, (T, S, P)).
+        ``lora_slots``: each row's LoRA slot (-1: none; default all -1 when LoRA is on)."""
+        if self.lora_enabled and lora_slots is None:
+            lora_slots = [-1] * len(rows)
         return prepare(self.buckets, rows, sample_rows, prompt_lp, prompt_tokens, token_src,
-                       self.vocab_size, self.max_model_len)
+                       self.vocab_size, self.max_model_len,
+                       lora_slots if self.lora_enabled else None)
 
     def launch(self, rows, sample_rows: Sequence[SampleRow],
                prompt_lp: dict[str, int] | None = None,
                prompt_tokens: dict[str, list[int]] | None = None,
-               prev: Launched | None = None, token_src: dict[str, int] | None = None) -> Launched:
+               prev: Launched | None = None, token_src: dict[str, int] | None = None,
+               lora_slots=None) -> Launched:
         """Dispatch one step without waiting for it. ``prompt_lp`` maps request ids
         wanting prompt logprobs to k; rows with a placeholder token read it from
         ``prev``'s sampled tokens at ``token_src[request_id]``."""
         prompt_lp = prompt_lp or {}
         batch, st, sample_index, num_logprobs, prompt_k, shape = self.prepare(
-            rows, sample_rows, prompt_lp, prompt_tokens or {}, token_src)
+            rows, sample_rows, prompt_lp, prompt_tokens or {}, token_src, lora_slots)
         key = (shape, num_logprobs, prompt_k, sampler_mod.variant_key(st))
         self.shapes_seen.add(key)
         t0 = time.perf_counter()

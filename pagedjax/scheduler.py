@@ -143,7 +143,7 @@ class Scheduler:
     def __init__(self, num_pages: int, page_size: int, max_num_seqs: int,
                  max_num_batched_tokens: int, max_model_len: int,
                  enable_prefix_caching: bool = False, policy: str = "fcfs",
-                 enable_chunked_prefill: bool = True) -> None:
+                 enable_chunked_prefill: bool = True, admit=None) -> None:
         for name, value in (("page_size", page_size), ("max_num_seqs", max_num_seqs),
                             ("max_num_batched_tokens", max_num_batched_tokens),
                             ("max_model_len", max_model_len)):
@@ -164,6 +164,10 @@ class Scheduler:
         self.enable_prefix_caching = enable_prefix_caching
         self.enable_chunked_prefill = enable_chunked_prefill
         self.policy = policy
+        # Optional admission check admit(request, running) -> bool, asked right before
+        # a waiting request is admitted (LoRA: its adapter needs a device slot); False
+        # keeps it (and those behind it) waiting.
+        self.admit = admit
         self.max_seq_len = min(max_model_len, self.pool.num_usable_pages * page_size)
         self.requests: dict[str, Request] = {}
         self.waiting = _WaitingQueue(policy == "priority")
@@ -301,6 +305,8 @@ class Scheduler:
             need = _cdiv(computed + num_new, ps) - len(hits)
             evictable_hits = sum(1 for p in hits if self.pool.ref_count(p) == 0)
             if need + evictable_hits > self.pool.num_allocatable:
+                break
+            if self.admit is not None and not self.admit(req, self.running):
                 break
             self.waiting.pop()
             if self.enable_prefix_caching:
