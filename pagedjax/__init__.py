@@ -17,6 +17,7 @@ _LAZY = {
     "SamplingParams": ("pagedjax.sampling_params", "SamplingParams"),
     "BeamSearchParams": ("pagedjax.sampling_params", "BeamSearchParams"),
     "RequestOutputKind": ("pagedjax.sampling_params", "RequestOutputKind"),
+    "StructuredOutputsParams": ("pagedjax.sampling_params", "StructuredOutputsParams"),
     "RequestOutput": ("pagedjax.outputs", "RequestOutput"),
     "CompletionOutput": ("pagedjax.outputs", "CompletionOutput"),
     "Logprob": ("pagedjax.outputs", "Logprob"),

@@ -169,6 +169,8 @@ class AsyncLLM:
                                        and isinstance(prompt.get("prompt"), str)):
             text, ids = await self.tokenize(prompt)
             prompt = {"prompt": text, "prompt_token_ids": ids}
+        if params.structured_outputs is not None:  # compiled off the engine thread (cached)
+            await self.run_in_worker(self.engine.compile_grammar, params)
         loop = asyncio.get_running_loop()
         stream = RequestStream(request_id, loop, params.output_kind, self._abort_nowait)
         added = loop.create_future()

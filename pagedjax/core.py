@@ -13,7 +13,8 @@ The core owns the scheduler and the runner and knows nothing about text. One
 
 With ``async_scheduling=False`` (or while a request needs its full token
 history on the host before each step: repetition penalties, multi-token bad
-words, beam search) step N is fetched before the call returns, which is the
+words, beam search, structured outputs: a grammar's mask for step N needs
+step N-1's token) step N is fetched before the call returns, which is the
 serial engine. Both orders give the same tokens: sampling depends on each
 row's seed and position, never on the step it runs in.
 """
@@ -21,6 +22,7 @@ row's seed and position, never on the step it runs in.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from typing import Any, Sequence
 
@@ -31,6 +33,8 @@ from pagedjax.runner import Launched, Runner
 from pagedjax.sampler import RowState
 from pagedjax.sampling_params import SamplingParams
 from pagedjax.scheduler import Scheduler, SchedulerOutput
+
+logger = logging.getLogger("pagedjax.core")
 
 
 @dataclasses.dataclass
@@ -44,11 +48,12 @@ class _Sampling:
     needs_history: bool  # the host must know every token before the next step
     keep_topk: bool  # beam search reads each step's top-k
     seqs: set[str]  # the request's live sequence ids
+    grammar: Any = None  # structured outputs: a structured_outputs.GrammarState
 
     @property
     def serial(self) -> bool:
         """While this request lives, steps run serially (see the module docstring)."""
-        return self.needs_history or self.keep_topk
+        return self.needs_history or self.keep_topk or self.grammar is not None
 
 
 @dataclasses.dataclass
@@ -81,8 +86,9 @@ class EngineCore:
 
     # ------------------------------------------------------------------ requests
     def add_request(self, req: Request, fallback_seed: int, bad_words_ids: list,
-                    keep_topk: bool = False) -> None:
-        """Queue a request (raises ValueError from the scheduler's checks)."""
+                    keep_topk: bool = False, grammar: Any = None) -> None:
+        """Queue a request (raises ValueError from the scheduler's checks).
+        ``grammar``: a structured_outputs.GrammarState constraining its sequences."""
         p = req.sampling_params
         params = [p]
         for i in range(1, p.n):
@@ -95,7 +101,7 @@ class EngineCore:
                        or any(len(w) > 1 for w in bad_words_ids))
         self.scheduler.add_request(req)
         s = _Sampling(params, fallback_seed, bad_words_ids, p.prompt_logprobs, history,
-                      keep_topk, set())
+                      keep_topk, set(), grammar)
         self._sampling[req.request_id] = s
         self._num_serial += s.serial
         self._join(req.request_id, req.request_id, 0)
@@ -126,6 +132,8 @@ class EngineCore:
         s = self._sampling.get(ref[0]) if ref is not None else None
         if s is not None:
             s.seqs.discard(sid)
+            if s.grammar is not None:
+                s.grammar.drop(sid)
             if not s.seqs:
                 del self._sampling[ref[0]]
                 self._num_serial -= s.serial
@@ -195,13 +203,16 @@ class EngineCore:
     def _row_state(self, req: Request, sid: str, index: int, fork: bool) -> RowState:
         rid = self._root[sid][0]
         s = self._sampling[rid]
+        outputs = [] if fork else req.output_token_ids
         # Placeholders count as outputs (the seed counter); this row's own one does not.
         # The output list is passed as is, never copied: this runs per row per step.
         return RowState(params=s.params[index], prompt_token_ids=req.prompt_token_ids,
-                        output_token_ids=[] if fork else req.output_token_ids,
+                        output_token_ids=outputs,
                         num_placeholders=0 if fork else req.num_pending - 1,
                         fallback_seed=(s.fallback_seed + 7919 * index) % (2**31 - 1),
-                        eos_token_ids=self.eos_token_ids, bad_words_token_ids=s.bad_words_ids)
+                        eos_token_ids=self.eos_token_ids, bad_words_token_ids=s.bad_words_ids,
+                        grammar_bits=None if s.grammar is None
+                        else s.grammar.mask(sid, outputs, fork))
 
     def _launch(self, sched: SchedulerOutput, out: CoreOutput) -> _InFlight:
         now = time.time()
@@ -279,10 +290,12 @@ class EngineCore:
             if j is None or req.request_id not in self._root:
                 continue
             rid, idx = self._root[req.request_id]
+            s = self._sampling.get(rid)
+            if s is not None and s.grammar is not None and not req.is_finished:
+                self._advance_grammar(s.grammar, req)
             up = SeqUpdate(req.request_id, rid, idx, [int(res.token_ids[j])],
                            float(res.logprob[j]), int(res.rank[j]), res.topk_ids[j],
                            res.topk_logprobs[j], req.finish_reason, req.stop_reason)
-            s = self._sampling.get(rid)
             if s is not None and s.keep_topk:
                 k = s.params[0].logprobs
                 self._topk[req.request_id] = {int(t): float(v) for t, v in
@@ -290,3 +303,14 @@ class EngineCore:
             out.updates.append(up)
             if req.is_finished:
                 self._forget_seq(req.request_id)
+
+    def _advance_grammar(self, grammar: Any, req: Request) -> None:
+        """Feed a constrained sequence's new token to its matcher; a complete grammar
+        finishes the sequence now ('stop'), a broken one aborts it."""
+        state = grammar.advance(req.request_id, req.output_token_ids)
+        if state == "done":
+            self.scheduler.finish_request(req.request_id, "stop")
+        elif state == "error":
+            logger.warning("structured output of %s left its grammar: %s", req.request_id,
+                           grammar.error(req.request_id))
+            self.scheduler.finish_request(req.request_id, "abort")

@@ -30,6 +30,7 @@ from pagedjax.request import Request
 from pagedjax.runner import Runner, default_num_pages, make_plan
 from pagedjax.sampling_params import SamplingParams
 from pagedjax.scheduler import Scheduler
+from pagedjax.structured_outputs import GrammarCompiler, GrammarState
 
 logger = logging.getLogger("pagedjax.engine")
 
@@ -152,6 +153,7 @@ class LLMEngine:
         if self.lora is not None:
             self.lora.warmup()
         self.processor = OutputProcessor(self.tokenizer)
+        self.grammars = GrammarCompiler(self.tokenizer, info.vocab_size, self.eos_token_ids)
         self._rng = np.random.default_rng(args.seed)
         self._counter = itertools.count()
         self.num_prompt_tokens = 0
@@ -211,6 +213,7 @@ class LLMEngine:
             raise ValueError(f"the prompt has {len(ids)} tokens but max_model_len is "
                              f"{self.max_model_len}, which must also leave room for at least "
                              "one output token; shorten the prompt or raise max_model_len")
+        grammar = self._grammar_state(params, beam)
         arrival = time.time() if arrival_time is None else arrival_time
         bad_ids = tok_mod.bad_words_token_ids(self.tokenizer, params.bad_words) \
             if params.bad_words else []
@@ -224,7 +227,7 @@ class LLMEngine:
                       arrival_time=arrival, priority=priority, max_model_len=self.max_model_len,
                       cache_salt=salt, lora_int_id=lora_id)
         self.core.add_request(req, int(self._rng.integers(0, 2**31 - 1)), bad_ids,
-                              keep_topk=beam)  # raises ValueError on a bad request
+                              keep_topk=beam, grammar=grammar)  # ValueError: bad request
         if not beam:
             self.processor.add_request(request_id, text, ids, params, arrival)
         if self._leader is not None:
@@ -253,6 +256,20 @@ class LLMEngine:
     def remove_lora(self, lora_int_id: int) -> bool:
         """Forget an adapter (queued requests still finish with it); False if unknown."""
         return self.lora is not None and self.lora.remove(lora_int_id)
+
+    def compile_grammar(self, params: SamplingParams) -> None:
+        """Check and compile ``params.structured_outputs`` into the engine's grammar cache
+        (thread safe; AsyncLLM calls it in its worker pool so that ``add_request`` on
+        the engine thread finds it compiled). Raises ValueError for an invalid spec."""
+        if params.structured_outputs is not None:
+            self.grammars.compile(params.structured_outputs)
+
+    def _grammar_state(self, params: SamplingParams, beam: bool) -> GrammarState | None:
+        if params.structured_outputs is None:
+            return None
+        if beam:
+            raise ValueError("structured_outputs cannot be combined with beam search")
+        return GrammarState(self.grammars, self.grammars.compile(params.structured_outputs))
 
     def abort_request(self, request_id: str | Sequence[str]) -> None:
         """Abort requests (all their sequences) at any time; their pages are freed at once."""

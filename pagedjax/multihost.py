@@ -139,6 +139,8 @@ def _params_to_json(params) -> dict:
     d = {f.name: getattr(params, f.name) for f in dataclasses.fields(params) if f.init}
     if d.get("logit_bias"):
         d["logit_bias"] = [[int(k), float(v)] for k, v in d["logit_bias"].items()]
+    if d.get("structured_outputs") is not None:  # SamplingParams turns the dict back
+        d["structured_outputs"] = dataclasses.asdict(d["structured_outputs"])
     # The model's EOS ids the params carry (all_stop_token_ids minus the user's own).
     eos = sorted(params.all_stop_token_ids - set(params.stop_token_ids or ()))
     return {"fields": d, "eos": eos}

@@ -74,6 +74,8 @@ class RowState:
     counts outputs already sampled but not yet known on the host (overlapped
     steps): they count for the seed counter and ``min_tokens`` (requests whose
     penalties or bad words need the tokens themselves run serially, with 0).
+    ``grammar_bits`` (structured outputs, ``structured_outputs.py``): the row's
+    next-token mask packed as u32[ceil(V/32)], ANDed into ``allowed_bits``.
     """
 
     params: SamplingParams
@@ -83,6 +85,7 @@ class RowState:
     eos_token_ids: Sequence[int] = ()
     bad_words_token_ids: Sequence[Sequence[int]] = ()
     num_placeholders: int = 0
+    grammar_bits: Optional[np.ndarray] = None
 
     @property
     def num_outputs(self) -> int:
@@ -100,7 +103,8 @@ class SamplingTensors:
     hist_ids i32[R,H] (unique history tokens, padded with vocab_size),
     hist_counts f32[R,H] (their output counts), edit_ids i32[R,E],
     edit_vals f32[R,E] (logit bias and -inf bans, padded with 0/0.0),
-    allowed_bits u32[R,ceil(V/32)] (bit set = allowed).
+    allowed_bits u32[R,ceil(V/32)] (bit set = allowed: allowed_token_ids AND the
+    structured-output grammar's mask; rows with neither are all ones).
     Unused features carry zero-width arrays. Static: the feature flags.
     """
 
@@ -235,6 +239,7 @@ def build_sampling_tensors(rows: Sequence[RowState], num_rows_padded: int, vocab
     use_pen = use_edits = use_allowed = use_min_p = use_tkp = False
     edits: dict[int, tuple[list[int], list[float]]] = {}
     allowed: dict[int, list[int]] = {}
+    grammar: dict[int, np.ndarray] = {}
     hist: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     for r, row in enumerate(rows):
         p = row.params
@@ -270,6 +275,9 @@ def build_sampling_tensors(rows: Sequence[RowState], num_rows_padded: int, vocab
         if p.allowed_token_ids is not None:
             allowed[r] = p.allowed_token_ids
             use_allowed = True
+        if row.grammar_bits is not None:
+            grammar[r] = row.grammar_bits
+            use_allowed = True
     H = history_len if use_pen else 0
     hist_ids, hist_counts = _pack_history(hist, R, V, H)
     E = EDIT_WIDTH if use_edits else 0
@@ -288,6 +296,11 @@ def build_sampling_tensors(rows: Sequence[RowState], num_rows_padded: int, vocab
         bits[a] = 1
         allowed_bits[r] = np.packbits(bits.reshape(W, 32), axis=1,
                                       bitorder="little").view("<u4")[:, 0]
+    for r, g in grammar.items():
+        if g.shape != (W,):
+            raise ValueError(f"grammar_bits of row {r} has shape {g.shape}, expected ({W},) "
+                             f"for vocab_size {V}.")
+        allowed_bits[r] &= g
     return SamplingTensors(
         temperature=temperature, greedy=greedy, top_k=top_k, top_p=top_p, min_p=min_p,
         key_data=key_data, counter=counter, presence=pen[0], frequency=pen[1],

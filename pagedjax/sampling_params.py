@@ -61,6 +61,67 @@ def _is_number(x: Any) -> bool:
 
 
 @dataclass
+class StructuredOutputsParams:
+    """Constrain the output to a JSON schema, regex, choice list or grammar (vLLM's names).
+
+    Exactly one of ``json`` (a JSON schema, as a dict or a JSON string),
+    ``regex``, ``choice`` (a list of strings), ``grammar`` (a Lark grammar, or
+    llama.cpp's GBNF) or ``json_object=True`` (any JSON object) must be given.
+    ``disable_any_whitespace`` keeps JSON compact (no free whitespace between
+    tokens). The spec is checked (and compiled, cached) when the request is
+    added; an invalid schema, regex or grammar raises ``ValueError`` there.
+    See docs/structured_outputs.md.
+    """
+
+    json: Optional[Union[str, dict]] = None
+    regex: Optional[str] = None
+    choice: Optional[list[str]] = None
+    grammar: Optional[str] = None
+    json_object: Optional[bool] = None
+    disable_any_whitespace: bool = False
+
+    def __post_init__(self) -> None:
+        given = [k for k in ("json", "regex", "choice", "grammar")
+                 if getattr(self, k) is not None]
+        if self.json_object:
+            given.append("json_object")
+        if len(given) != 1:
+            raise ValueError(
+                "structured_outputs needs exactly one of json, regex, choice, grammar or "
+                f"json_object=True; got {given or 'none'}.")
+        if self.json is not None and not isinstance(self.json, (str, dict)):
+            raise ValueError("structured_outputs.json must be a JSON schema (a dict or a JSON "
+                             f"string), got {type(self.json).__name__}.")
+        for name in ("regex", "grammar"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, str) or not v):
+                raise ValueError(f"structured_outputs.{name} must be a non-empty string, "
+                                 f"got {v!r}.")
+        if self.choice is not None:
+            if isinstance(self.choice, str) or not isinstance(self.choice, (list, tuple)):
+                raise ValueError("structured_outputs.choice must be a list of strings, "
+                                 f"got {self.choice!r}.")
+            self.choice = list(self.choice)
+            if not self.choice or not all(isinstance(c, str) and c for c in self.choice):
+                raise ValueError("structured_outputs.choice must be a non-empty list of "
+                                 f"non-empty strings, got {self.choice!r}.")
+        if self.json_object is not None and not isinstance(self.json_object, bool):
+            raise ValueError(f"structured_outputs.json_object must be True or False, "
+                             f"got {self.json_object!r}.")
+        if not isinstance(self.disable_any_whitespace, bool):
+            raise ValueError("structured_outputs.disable_any_whitespace must be True or False, "
+                             f"got {self.disable_any_whitespace!r}.")
+
+    @property
+    def kind(self) -> str:
+        """Which constraint: 'json', 'regex', 'choice', 'grammar' or 'json_object'."""
+        for k in ("json", "regex", "choice", "grammar"):
+            if getattr(self, k) is not None:
+                return k
+        return "json_object"
+
+
+@dataclass
 class SamplingParams:
     """Sampling parameters for text generation (vLLM's fields and defaults).
 
@@ -94,6 +155,7 @@ class SamplingParams:
     logit_bias: Optional[dict[int, float]] = None
     allowed_token_ids: Optional[list[int]] = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    structured_outputs: Optional[StructuredOutputsParams] = None
     # EOS ids from the model / generation config (see update_from_generation_config).
     _eos_token_ids: list[int] = field(default_factory=list, init=False, repr=False,
                                       compare=False)
@@ -120,6 +182,8 @@ class SamplingParams:
         if _is_int(self.output_kind) and not isinstance(self.output_kind, RequestOutputKind) \
                 and self.output_kind in (0, 1, 2):
             self.output_kind = RequestOutputKind(self.output_kind)
+        if isinstance(self.structured_outputs, dict):  # e.g. from JSON (multi-host replay)
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
         if _is_int(self.top_k) and self.top_k == -1:
             self.top_k = 0
         if self.best_of is None:
@@ -220,6 +284,10 @@ class SamplingParams:
         if not isinstance(self.output_kind, RequestOutputKind):
             raise ValueError("output_kind must be a pagedjax.sampling_params.RequestOutputKind "
                              f"(CUMULATIVE, DELTA or FINAL_ONLY), got {self.output_kind!r}.")
+        if self.structured_outputs is not None and not isinstance(
+                self.structured_outputs, StructuredOutputsParams):
+            raise ValueError("structured_outputs must be a StructuredOutputsParams, got "
+                             f"{type(self.structured_outputs).__name__}.")
         for name in ("include_stop_str_in_output", "ignore_eos", "detokenize",
                      "skip_special_tokens", "spaces_between_special_tokens"):
             if not isinstance(getattr(self, name), bool):

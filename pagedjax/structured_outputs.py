@@ -1,0 +1,231 @@
+"""Structured outputs: grammars compiled by llguidance, one matcher per sequence (host side).
+
+``StructuredOutputsParams`` (``sampling_params.py``) names the constraint: a
+JSON schema, a regex, a choice list, a Lark/GBNF grammar or "any JSON object".
+This module turns it into token masks:
+
+* :class:`GrammarCompiler` (one per engine) builds llguidance's tokenizer view
+  once (lazily, ~0.5 s for a 49k vocabulary), checks a spec and compiles it
+  into a template ``LLMatcher``. Compiled grammars are cached by (kind, spec,
+  options) in a bounded LRU, so a repeated schema costs a dictionary lookup.
+  Errors in the spec raise ``ValueError`` with llguidance's message. Thread
+  safe: ``AsyncLLM`` compiles in its worker pool before the request reaches the
+  engine thread, so the step loop only ever sees cache hits.
+* :class:`GrammarState` (one per request) holds one matcher per sequence (n > 1
+  children get their own), copied from the template. A matcher follows its
+  sequence's output tokens (``sync``): new tokens are consumed, and if the
+  sequence lost tokens (replaced or rolled back) the matcher rolls back. A
+  preempted request keeps its output tokens (it recomputes them), so its
+  matcher needs nothing.
+* :meth:`GrammarState.mask` gives the next-token mask of a sequence as a packed
+  ``uint32[ceil(V/32)]`` (bit ``t % 32`` of word ``t // 32`` set = token ``t``
+  allowed), ``V`` being the model's logits width. Ids the tokenizer does not
+  have (the model's padding rows) are always banned. The sampler ANDs it into
+  its ``allowed_bits`` (see ``sampler.py``) on the device.
+
+EOS is allowed only when the grammar accepts; once the grammar cannot take
+another token (``is_stopped``) the engine finishes the sequence with
+``finish_reason="stop"`` right away instead of spending a step on EOS.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import threading
+import time
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from pagedjax.sampling_params import StructuredOutputsParams
+
+CACHE_SIZE = 256  # compiled grammars kept (LRU)
+
+
+def _spec_key(spec: StructuredOutputsParams) -> tuple:
+    kind = spec.kind
+    if kind == "json":
+        v = spec.json if isinstance(spec.json, str) else json.dumps(spec.json, sort_keys=True)
+    elif kind == "choice":
+        v = json.dumps(spec.choice)
+    elif kind == "json_object":
+        v = ""
+    else:
+        v = getattr(spec, kind)
+    return kind, v, spec.disable_any_whitespace
+
+
+def grammar_text(spec: StructuredOutputsParams) -> str:
+    """The llguidance grammar for a spec (not yet checked against the tokenizer)."""
+    from llguidance import LLMatcher, grammar_from
+
+    kind = spec.kind
+    if kind in ("json", "json_object"):
+        schema: Any = {"type": "object"} if kind == "json_object" else spec.json
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"structured_outputs.json is not valid JSON: {e}") from e
+        if not isinstance(schema, (dict, bool)):
+            raise ValueError("structured_outputs.json must be a JSON schema (an object), got "
+                             f"{type(schema).__name__}.")
+        opts = {"whitespace_flexible": not spec.disable_any_whitespace}
+        try:
+            return LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=opts)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"invalid JSON schema in structured_outputs.json: {e}") from e
+    if kind == "regex":
+        return LLMatcher.grammar_from_regex(spec.regex)
+    if kind == "choice":
+        return LLMatcher.grammar_from_lark(
+            "start: " + " | ".join(json.dumps(c) for c in spec.choice))
+    return grammar_from("grammar", spec.grammar)  # Lark, or GBNF (converted to Lark)
+
+
+class CompiledGrammar:
+    """A checked grammar: a template matcher (never advanced) and its first mask."""
+
+    def __init__(self, key: tuple, template, first_mask: np.ndarray, seconds: float):
+        self.key = key
+        self.template = template
+        self.first_mask = first_mask  # u32[W]: the mask before any output token
+        self.compile_seconds = seconds
+
+    def new_matcher(self):
+        return self.template.deep_copy()
+
+
+class GrammarCompiler:
+    """Checks and compiles StructuredOutputsParams for one tokenizer (cached, thread safe)."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: Sequence[int],
+                 cache_size: int = CACHE_SIZE):
+        self.tokenizer = tokenizer
+        self.vocab_size = int(vocab_size)  # the model's logits width
+        self.eos_token_ids = [int(t) for t in eos_token_ids]
+        self.cache_size = cache_size
+        self._cache: collections.OrderedDict[tuple, CompiledGrammar] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._ll = None
+        self._valid: Optional[np.ndarray] = None  # u32[W]: ids the tokenizer has
+        self.hits = 0
+        self.misses = 0
+
+    @property
+    def num_words(self) -> int:
+        return (self.vocab_size + 31) // 32
+
+    def ll_tokenizer(self):
+        """llguidance's view of the tokenizer (built once, ~0.5 s)."""
+        with self._lock:
+            if self._ll is None:
+                import llguidance.hf
+
+                self._ll = llguidance.hf.from_tokenizer(
+                    self.tokenizer, n_vocab=self.vocab_size,
+                    eos_token=self.eos_token_ids or None)
+                n_real = min(len(self.tokenizer), self.vocab_size)
+                bits = np.zeros(self.num_words * 32, np.uint8)
+                bits[:n_real] = 1
+                self._valid = np.packbits(bits, bitorder="little").view("<u4").copy()
+            return self._ll
+
+    def compile(self, spec: StructuredOutputsParams) -> CompiledGrammar:
+        """A compiled grammar for ``spec`` (from the cache when seen before).
+
+        Raises ValueError naming the problem when the schema, regex or grammar is invalid.
+        """
+        if not isinstance(spec, StructuredOutputsParams):
+            raise ValueError("structured_outputs must be a StructuredOutputsParams, got "
+                             f"{type(spec).__name__}.")
+        key = _spec_key(spec)
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                self.hits += 1
+                return hit
+        compiled = self._compile(spec, key)
+        with self._lock:
+            self.misses += 1
+            self._cache[key] = compiled
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return compiled
+
+    def _compile(self, spec: StructuredOutputsParams, key: tuple) -> CompiledGrammar:
+        from llguidance import LLMatcher
+
+        ll = self.ll_tokenizer()
+        t0 = time.perf_counter()
+        text = grammar_text(spec)
+        is_error, msgs = LLMatcher.validate_grammar_with_warnings(text, ll)
+        if is_error:
+            raise ValueError(f"invalid {spec.kind} in structured_outputs: "
+                             f"{msgs[0] if msgs else 'rejected by the grammar compiler'}")
+        template = LLMatcher(ll, text, log_level=0)
+        if template.is_error():
+            raise ValueError(f"invalid {spec.kind} in structured_outputs: {template.get_error()}")
+        first = self.fill_mask(template.deep_copy())
+        return CompiledGrammar(key, template, first, time.perf_counter() - t0)
+
+    def fill_mask(self, matcher) -> np.ndarray:
+        """The matcher's next-token mask, u32[ceil(V/32)], padding ids banned."""
+        from llguidance.numpy import fill_next_token_bitmask
+
+        out = np.zeros((1, self.num_words), np.int32)
+        fill_next_token_bitmask(matcher, out, 0)
+        return out[0].view(np.uint32) & self._valid
+
+    def cache_info(self) -> dict:
+        with self._lock:
+            return {"size": len(self._cache), "hits": self.hits, "misses": self.misses}
+
+
+class GrammarState:
+    """The matchers of one request's sequences (created on first use, n > 1 included)."""
+
+    def __init__(self, compiler: GrammarCompiler, compiled: CompiledGrammar):
+        self.compiler = compiler
+        self.compiled = compiled
+        self._matchers: dict[str, list] = {}  # seq id -> [matcher, tokens consumed]
+
+    def sync(self, seq_id: str, output_ids: Sequence[int]):
+        """The sequence's matcher, advanced (or rolled back) to ``output_ids``."""
+        entry = self._matchers.get(seq_id)
+        if entry is None:
+            entry = self._matchers[seq_id] = [self.compiled.new_matcher(), 0]
+        m, done = entry
+        n = len(output_ids)
+        if n < done:
+            m.rollback(done - n)
+            done = n
+        if n > done:
+            m.consume_tokens([int(t) for t in output_ids[done:n]])
+        entry[1] = n
+        return m
+
+    def mask(self, seq_id: str, output_ids: Sequence[int], fork: bool = False) -> np.ndarray:
+        """Next-token mask of a sequence (``fork``: a new n > 1 sample, no outputs yet)."""
+        if fork or (not output_ids and seq_id not in self._matchers):
+            return self.compiled.first_mask
+        return self.compiler.fill_mask(self.sync(seq_id, output_ids))
+
+    def advance(self, seq_id: str, output_ids: Sequence[int]) -> Optional[str]:
+        """Consume the sequence's new tokens. Returns None while it may go on,
+        'done' when the grammar is complete, 'error' if a token broke it."""
+        m = self.sync(seq_id, output_ids)
+        if m.is_error():
+            return "error"
+        if m.is_stopped():
+            return "done"
+        return None
+
+    def error(self, seq_id: str) -> str:
+        entry = self._matchers.get(seq_id)
+        return entry[0].get_error() if entry is not None else ""
+
+    def drop(self, seq_id: str) -> None:
+        self._matchers.pop(seq_id, None)
