@@ -70,6 +70,11 @@ class EngineArgs:
     max_lora_rank: int = _opt(16, "largest LoRA rank served")
     max_cpu_loras: int | None = _opt(None, "LoRA adapters cached in host memory "
                                            "(default: max_loras)")
+    speculative_config: dict | str | None = _opt(
+        None, 'speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": 4, '
+              '"prompt_lookup_max": 4, "prompt_lookup_min": 1} or a draft model sharing the '
+              'tokenizer {"model": PATH, "num_speculative_tokens": 4} (steps then run serially; '
+              'docs/speculative_decoding.md)')
 
     def validate(self) -> None:
         def positive(name: str, value: Any) -> None:
@@ -88,6 +93,9 @@ class EngineArgs:
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if not self.cpu_kv_cache_gib > 0:
             raise ValueError(f"cpu_kv_cache_gib must be > 0, got {self.cpu_kv_cache_gib}")
+        from pagedjax.spec_decode.config import parse_speculative_config
+
+        parse_speculative_config(self.speculative_config)  # raises ValueError naming the key
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)

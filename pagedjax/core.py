@@ -69,10 +69,14 @@ class EngineCore:
     """Scheduler + runner; sequences in, token deltas out."""
 
     def __init__(self, scheduler: Scheduler, runner: Runner, eos_token_ids: Sequence[int],
-                 async_scheduling: bool = True, lora_slot=None):
+                 async_scheduling: bool = True, lora_slot=None, speculator: Any = None):
         self.scheduler = scheduler
         self.lora_slot = lora_slot  # lora_int_id -> device slot (LoRAManager.slot_of), or None
         self.runner = runner
+        # Speculative decoding (spec_decode.Speculator): proposals before scheduling,
+        # verification in the step; its steps run serially (accepted counts are
+        # known only once fetched).
+        self.speculator = speculator
         self.eos_token_ids = tuple(eos_token_ids)
         self.async_scheduling = async_scheduling
         self._sampling: dict[str, _Sampling] = {}  # request id -> sampling state
@@ -171,7 +175,11 @@ class EngineCore:
 
     # ------------------------------------------------------------------ step
     def _serial(self) -> bool:
-        return not self.async_scheduling or self._num_serial > 0
+        return not self.async_scheduling or self._num_serial > 0 or self.speculator is not None
+
+    def _may_speculate(self, req: Request) -> bool:
+        ref = self._root.get(req.request_id)
+        return ref is not None and not self._sampling[ref[0]].serial
 
     def step(self) -> CoreOutput:
         """Schedule and launch the next step; return the results of the one before
@@ -182,6 +190,8 @@ class EngineCore:
             if r.request_id in self._root) if self._inflight is not None else {}
         if self._inflight is not None and self._serial():
             self._complete(self._take_inflight(), out)
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running, self._may_speculate)
         sched = self.scheduler.schedule()
         self._recent.update(dict.fromkeys(self._root[r.request_id][0] for r in sched.rows))
         launched = self._launch(sched, out) if sched.rows else None
@@ -252,19 +262,33 @@ class EngineCore:
         # sampled tokens is < max_num_seqs (the next step's placeholder source).
         token_src = {t[0]: j for j, t in enumerate(targets_first)}
         prev = self._inflight
-        launched = self.runner.launch(sched.rows, first + extra, prompt_lp, prompt_tokens,
-                                      prev=prev.launched if prev else None,
-                                      token_src=prev.token_src if prev else None,
-                                      lora_slots=lora_slots)
+        if self.speculator is not None:  # serial: nothing in flight
+            launched = self.speculator.launch(sched, first + extra, prompt_lp, prompt_tokens,
+                                              lora_slots=lora_slots)
+        else:
+            launched = self.runner.launch(sched.rows, first + extra, prompt_lp, prompt_tokens,
+                                          prev=prev.launched if prev else None,
+                                          token_src=prev.token_src if prev else None,
+                                          lora_slots=lora_slots)
         self.num_steps += 1
         return _InFlight(sched, launched, targets_first + targets_extra, token_src,
                          prompt_starts)
 
     def _complete(self, fl: _InFlight, out: CoreOutput) -> None:
-        res = self.runner.fetch(fl.launched)
+        if isinstance(fl.launched, Launched):
+            res = self.runner.fetch(fl.launched)
+            tokens = [[int(res.token_ids[j])] for j in range(len(fl.targets))]
+            spec = None
+        else:  # a speculative step: each row emits its accepted tokens + 1
+            res = self.speculator.fetch(fl.launched)
+            tokens = res.tokens
+            spec = {r.request_id: (r.num_spec, self.scheduler.get_request(r.request_id))
+                    for r in fl.sched.rows if r.num_spec}
+            spec = {sid: (n, req, req.num_output_tokens) for sid, (n, req) in spec.items()
+                    if req is not None}
         sampled: dict[str, list[int]] = {}
         for j, (sid, _, _) in enumerate(fl.targets):
-            sampled.setdefault(sid, []).append(int(res.token_ids[j]))
+            sampled.setdefault(sid, []).extend(tokens[j])
         for sid, arrays in res.prompt_logprobs.items():
             rid = self._root.get(sid, (None,))[0]
             if rid is not None:
@@ -293,6 +317,9 @@ class EngineCore:
             s = self._sampling.get(rid)
             if s is not None and s.grammar is not None and not req.is_finished:
                 self._advance_grammar(s.grammar, req)
+            if spec is not None:
+                self._spec_updates(req, rid, idx, j, tokens[j], res, spec, out)
+                continue
             up = SeqUpdate(req.request_id, rid, idx, [int(res.token_ids[j])],
                            float(res.logprob[j]), int(res.rank[j]), res.topk_ids[j],
                            res.topk_logprobs[j], req.finish_reason, req.stop_reason)
@@ -314,3 +341,28 @@ class EngineCore:
             logger.warning("structured output of %s left its grammar: %s", req.request_id,
                            grammar.error(req.request_id))
             self.scheduler.finish_request(req.request_id, "abort")
+
+    def _spec_updates(self, req: Request, rid: str, idx: int, j: int, tokens: list[int], res,
+                      spec: dict, out: CoreOutput) -> None:
+        """One SeqUpdate per token the scheduler kept of a verified row (EOS, stop
+        tokens and length limits may drop the later ones); the finish reason and the
+        row's proposal counts ride on the last / first one."""
+        num_draft, _, before = spec.get(req.request_id, (0, None, req.num_output_tokens - 1))
+        kept = req.num_output_tokens - before
+        if num_draft:
+            self.speculator.record(num_draft, len(tokens) - 1)
+        for t in range(kept):
+            last = t == kept - 1
+            out.updates.append(SeqUpdate(
+                req.request_id, rid, idx, [int(tokens[t])], float(res.logprob[j, t]),
+                int(res.rank[j, t]), res.topk_ids[j, t], res.topk_logprobs[j, t],
+                req.finish_reason if last else None, req.stop_reason if last else None,
+                num_draft_tokens=num_draft if t == 0 else 0,
+                num_accepted_tokens=len(tokens) - 1 if t == 0 and num_draft else 0))
+        s = self._sampling.get(rid)
+        if s is not None and s.keep_topk and kept:
+            k = s.params[0].logprobs
+            self._topk[req.request_id] = {int(t): float(v) for t, v in
+                                          zip(res.topk_ids[j, 0][:k], res.topk_logprobs[j, 0][:k])}
+        if req.is_finished:
+            self._forget_seq(req.request_id)

@@ -147,9 +147,15 @@ class LLMEngine:
         self._leader = multihost.make_leader()
         self.eos_token_ids = tuple(info.eos_token_ids) or (
             (self.tokenizer.eos_token_id,) if self.tokenizer.eos_token_id is not None else ())
+        self.speculator = None
+        if args.speculative_config is not None:
+            from pagedjax.spec_decode.speculator import make_speculator
+
+            self.speculator = make_speculator(args, cfg, self.runner, self.scheduler, info)
         self.core = EngineCore(self.scheduler, self.runner, self.eos_token_ids,
                                async_scheduling=args.async_scheduling,
-                               lora_slot=self.lora.slot_of if self.lora is not None else None)
+                               lora_slot=self.lora.slot_of if self.lora is not None else None,
+                               speculator=self.speculator)
         if self.lora is not None:
             self.lora.warmup()
         self.processor = OutputProcessor(self.tokenizer)

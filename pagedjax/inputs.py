@@ -154,8 +154,17 @@ def prepare(buckets: Buckets, rows, sample_rows: Sequence[SampleRow], prompt_lp:
     cu[1:n_rows + 1] = ends
     cu[n_rows + 1:] = num_tokens
     next_ids = np.zeros(t if prompt_lp else 0, np.int32)
-    logits_index = np.zeros(s, np.int32)
+    # Speculative rows (num_spec proposals ending the row) also want the logits of
+    # the positions before each proposal: appended after the S last-token rows, row
+    # by row, the whole index padded to a power of two (>= S: no change without them).
+    nspec = np.fromiter((getattr(r, "num_spec", 0) for r in rows), np.int64, n_rows)
+    total_spec = int(nspec.sum())
+    logits_index = np.zeros(pow2(s + total_spec, s), np.int32)
     logits_index[:n_rows] = ends - 1
+    if total_spec:
+        spec_row = np.repeat(np.arange(n_rows), nspec)
+        within = np.arange(total_spec) - np.repeat(np.cumsum(nspec) - nspec, nspec)
+        logits_index[s:s + total_spec] = (ends - 1 - nspec)[spec_row] + within
     sample_index = np.zeros(r_pad, np.int32)
     for j, sr in enumerate(sample_rows):
         sample_index[j] = sr.row_index

@@ -40,6 +40,8 @@ class SeqUpdate:
     topk_logprobs: Any = ()  # f32[k]
     finish_reason: str | None = None  # set by the core (EOS, stop token, length, abort)
     stop_reason: Any = None
+    num_draft_tokens: int = 0  # speculative decoding: tokens proposed for this step's row
+    num_accepted_tokens: int = 0  # ... and accepted by the target
 
 
 @dataclasses.dataclass

@@ -30,6 +30,10 @@ known: its row feeds the placeholder (token id -1 in `get_token_ids`), which
 the runner resolves on the device from the previous step's sampled tokens.
 `Scheduler.update` turns the placeholder into the real token.
 
+Speculative decoding (serial steps): `spec_token_ids` are proposed tokens the
+next `schedule()` feeds after the last token; the step verifies them and
+`Scheduler.update` keeps the accepted ones (see scheduler.py).
+
 Extra fields beyond the brief, used by the scheduler / page pool:
     block_hashes          prefix-cache hashes of full token blocks (content
                           only, so they survive preemption and forks)
@@ -123,6 +127,9 @@ class Request:
         self.num_registered_pages = 0
         self.first_scheduled = False
         self.num_pending = 0  # sampled tokens scheduled but not yet known (placeholders)
+        # Speculative decoding: tokens proposed for the next step (serial steps only),
+        # scheduled after the pending token and verified by the target (spec_decode/).
+        self.spec_token_ids: list[int] = []
 
     # ---- token views -------------------------------------------------------
     @property

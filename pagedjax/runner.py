@@ -197,18 +197,36 @@ class Runner:
         key = (shape, num_logprobs, prompt_k, sampler_mod.variant_key(st))
         self.shapes_seen.add(key)
         t0 = time.perf_counter()
-        cu = batch.meta.cu_q_lens
-        bbufs, bspec = pack(batch)
         sbufs, sspec = pack((st, sample_index))
-        bbufs, sbufs = jax.device_put((bbufs, sbufs))  # one copy per dtype
+        sbufs = jax.device_put(sbufs)
         prev_tokens = prev.tokens if prev is not None else self._no_tokens
+        logits, plp = self._run_model(rows, batch, prompt_k, shape, prev_tokens)
+        out, tokens = self._sample(logits, sbufs, spec=sspec, num_logprobs=num_logprobs)
+        return Launched(out, plp, tokens, batch.meta.cu_q_lens, [r.request_id for r in rows],
+                        prompt_lp, t0)
+
+    def _run_model(self, rows, batch, prompt_k, shape, prev_tokens):
+        bbufs, bspec = pack(batch)
+        bbufs = jax.device_put(bbufs)  # one copy per dtype
         logits, plp, self.kv_caches = self._step(self.params, self.kv_caches, bbufs, prev_tokens,
                                                  spec=bspec, plan=self.plan, prompt_k=prompt_k)
-        out, tokens = self._sample(logits, sbufs, spec=sspec, num_logprobs=num_logprobs)
         self.num_steps += 1
         self.step_shapes.append((batch.meta.max_q_len == 1, shape[1], shape[0], len(rows),
                                  sum(len(r.token_ids) for r in rows)))
-        return Launched(out, plp, tokens, cu, [r.request_id for r in rows], prompt_lp, t0)
+        return logits, plp
+
+    def launch_logits(self, rows, prompt_lp: dict[str, int] | None = None,
+                      prompt_tokens: dict[str, list[int]] | None = None, lora_slots=None):
+        """Dispatch the model part of a step without sampling (speculative decoding
+        verifies on its own). Returns (logits f32[L, V] on the device: row i < S is
+        row i's last token, then the proposal positions (``inputs.prepare``),
+        prompt logprob arrays or None, cu_q_lens, S). No placeholders."""
+        prompt_lp = prompt_lp or {}
+        batch, _, _, _, prompt_k, shape = self.prepare(rows, [], prompt_lp, prompt_tokens or {},
+                                                       None, lora_slots)
+        self.shapes_seen.add((shape, None, prompt_k, "logits"))
+        logits, plp = self._run_model(rows, batch, prompt_k, shape, self._no_tokens)
+        return logits, plp, batch.meta.cu_q_lens, shape[1]
 
     def fetch(self, launched: Launched) -> StepResult:
         """Wait for a launched step; its sampled tokens and logprobs as numpy."""

@@ -76,6 +76,7 @@ class ScheduledRow:
     start_pos: int        # positions are start_pos + arange(len(token_ids))
     page_ids: list[int]   # full page table covering start_pos + len(token_ids)
     num_samples: int = 1  # 0: mid-prompt chunk; n: fork a parallel-sampling request
+    num_spec: int = 0     # proposed tokens at the end of token_ids (speculative decoding)
 
     @property
     def num_new_tokens(self) -> int:
@@ -262,7 +263,8 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0 and len(rows) < self.max_num_seqs:
             req = self.running[i]
-            num_new = min(req.num_tokens_with_pending - req.num_computed_tokens, budget)
+            num_new = min(req.num_tokens_with_pending + len(req.spec_token_ids)
+                          - req.num_computed_tokens, budget)
             if num_new <= 0 or self._length_capped(req):
                 i += 1
                 continue
@@ -373,6 +375,7 @@ class Scheduler:
         req.page_ids = []
         req.num_computed_tokens = 0
         req.num_registered_pages = 0
+        req.spec_token_ids = []
         req.status = RequestStatus.PREEMPTED
         req.num_preemptions += 1
         self.waiting.push(req, front=True)
@@ -388,10 +391,14 @@ class Scheduler:
         """The row, with the request advanced past it (and a placeholder if it samples)."""
         start = req.num_computed_tokens
         samples = 0
-        if start + num_new == req.num_tokens_with_pending:
+        known = req.num_tokens_with_pending - start
+        spec = req.spec_token_ids[:max(0, num_new - known)]
+        req.spec_token_ids = []
+        if start + num_new >= req.num_tokens_with_pending:
             samples = req.n if self._samples_n(req) else 1
-        row = ScheduledRow(req.request_id, req.get_token_ids(start, start + num_new),
-                           start, list(req.page_ids), samples)
+        row = ScheduledRow(req.request_id,
+                           req.get_token_ids(start, start + num_new - len(spec)) + spec,
+                           start, list(req.page_ids), samples, len(spec))
         req.num_computed_tokens = start + num_new
         if samples:
             req.num_pending += 1
@@ -410,6 +417,9 @@ class Scheduler:
             if row.num_samples == 0:
                 continue
             tokens = list(sampled.get(row.request_id, ()))
+            if row.num_spec:
+                self._update_spec(req, row, tokens, changed)
+                continue
             if not 1 <= len(tokens) <= row.num_samples:
                 raise ValueError(f"request {row.request_id!r}: expected {row.num_samples} "
                                  f"sampled token(s), got {len(tokens)}")
@@ -432,6 +442,31 @@ class Scheduler:
         if any(r.is_finished for r in changed):
             self.running = [r for r in self.running if not r.is_finished]
         return changed
+
+    def _update_spec(self, req: Request, row: ScheduledRow, tokens: list[int],
+                     changed: list[Request]) -> None:
+        """A verified speculative row: ``tokens`` are the accepted proposals and one
+        more. The rejected positions are rolled back (num_computed_tokens, and the
+        pages that hold only rejected positions are freed); EOS, stop tokens and
+        length limits apply token by token, later tokens are dropped."""
+        if not 1 <= len(tokens) <= row.num_spec + 1:
+            raise ValueError(f"request {row.request_id!r}: expected 1..{row.num_spec + 1} "
+                             f"tokens for a speculative row, got {len(tokens)}")
+        if req.num_pending != 1 or req.status != RequestStatus.RUNNING:
+            raise ValueError(f"request {row.request_id!r}: speculative rows need serial steps")
+        req.num_pending = 0
+        req.num_computed_tokens -= row.num_spec + 1 - len(tokens)
+        for token in tokens:
+            req.append_output_token(token)
+            if req.check_stop(min(req.max_model_len, self.max_seq_len)):
+                self._release(req)
+                break
+        else:
+            keep = _cdiv(req.num_computed_tokens, self.page_size)
+            if len(req.page_ids) > keep:
+                self.pool.free(req.page_ids[keep:])
+                del req.page_ids[keep:]
+        changed.append(req)
 
     def _register(self, req: Request) -> None:
         known = min(req.num_computed_tokens, req.num_tokens)  # placeholders have no content yet
