@@ -360,6 +360,16 @@ class LLMEngine:
     def pool_stats(self):
         return self.scheduler.stats()
 
+    def spec_decode_stats(self) -> dict[str, int] | None:
+        """Speculative decoding totals since start (None when it is off): verified
+        rows with proposals, proposed tokens, accepted tokens (vLLM's
+        spec_decode_num_drafts / _num_draft_tokens / _num_accepted_tokens)."""
+        s = self.speculator
+        if s is None:
+            return None
+        return {"num_drafts": s.num_drafts, "num_draft_tokens": s.num_draft_tokens,
+                "num_accepted_tokens": s.num_accepted_tokens}
+
     def num_compilations_since(self, start: int) -> int:
         from pagedjax.runner import CompileCounter
 

@@ -67,6 +67,12 @@ class EngineMetrics:
                      _LATENCY_BUCKETS)
         self.queue_time = h("pagedjax:request_queue_time_seconds",
                             "Arrival to first scheduled.", _LATENCY_BUCKETS)
+        # Speculative decoding (vLLM's names; exposed with the _total suffix).
+        self.spec = {key: c(f"vllm:spec_decode_{key}", doc) for key, doc in (
+            ("num_drafts", "Verified rows that had proposed tokens."),
+            ("num_draft_tokens", "Proposed (draft) tokens."),
+            ("num_accepted_tokens", "Proposed tokens accepted by the target."))}
+        self._last_spec = dict.fromkeys(self.spec, 0)
         self._last_prompt = 0
         self._last_gen = 0
         self._last_steps = 0
@@ -104,6 +110,10 @@ class EngineMetrics:
         if gtok > self._last_gen:
             self.generation_tokens.inc(gtok - self._last_gen)
         self._last_prompt, self._last_gen = p, gtok
+        for key, value in (engine.spec_decode_stats() or {}).items():
+            if value > self._last_spec[key]:
+                self.spec[key].inc(value - self._last_spec[key])
+                self._last_spec[key] = value
 
     def observe_finished(self, output) -> None:
         m = output.metrics

@@ -155,6 +155,10 @@ class OutputProcessor:
             if st is None:
                 continue
             seq = st.seqs[up.index]
+            if up.num_draft_tokens:  # speculative decoding counts
+                st.metrics.num_drafts += 1
+                st.metrics.num_draft_tokens += up.num_draft_tokens
+                st.metrics.num_accepted_tokens += up.num_accepted_tokens
             if seq.finish_reason is not None:
                 continue  # stopped by a stop string: later tokens are dropped
             if up.new_token_ids:

@@ -74,6 +74,22 @@ class RequestMetrics:
     first_token_time: Optional[float] = None
     time_in_queue: Optional[float] = None
     finished_time: Optional[float] = None
+    # Speculative decoding (all sequences of the request): verified steps that had
+    # proposals, tokens proposed, tokens accepted.
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+
+    @property
+    def acceptance_rate(self) -> Optional[float]:
+        """Accepted / proposed tokens (None without proposals)."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
+
+    @property
+    def mean_accepted_length(self) -> Optional[float]:
+        """Tokens emitted per verified step: 1 + accepted / drafts (vLLM's mean
+        acceptance length; None without proposals)."""
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else None
 
 
 @dataclass

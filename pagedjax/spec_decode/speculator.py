@@ -198,5 +198,5 @@ def make_speculator(args, config, runner, scheduler, info) -> Speculator:
     if spec.method == "draft_model":
         from pagedjax.spec_decode.draft_model import DraftModel
 
-        draft = DraftModel.load(spec, args, config, runner, info)
+        draft = DraftModel.load(spec, args, config, runner, info, scheduler)
     return Speculator(spec, runner, scheduler.max_seq_len, draft)
