@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 from pagedjax.entrypoints.openai.errors import OpenAIError  # noqa: F401 - re-exported
+from pagedjax.entrypoints.openai.structured import StructuredFields
 
 
 def random_id(prefix: str) -> str:
@@ -44,8 +45,9 @@ class _Base(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
-class _SamplingFields(_Base):
-    """Fields shared by both endpoints (OpenAI's, plus vLLM's extras)."""
+class _SamplingFields(StructuredFields):
+    """Fields shared by both endpoints (OpenAI's, plus vLLM's extras; the structured-output
+    ones, response_format included, come from ``structured.StructuredFields``)."""
 
     model: Optional[str] = Field(None, max_length=256)
     n: int = Field(1, ge=1, le=MAX_N)
@@ -104,7 +106,6 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
     chat_template: Optional[str] = Field(None, max_length=65536)
-    response_format: Optional[dict[str, Any]] = None
     tools: Optional[list[Any]] = None
     tool_choice: Optional[Any] = None
 

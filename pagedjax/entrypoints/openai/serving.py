@@ -17,6 +17,8 @@ from pagedjax.entrypoints.openai.errors import OpenAIError, param_of, short
 from pagedjax.entrypoints.openai.jobs import Job
 from pagedjax.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, now,
                                                   random_id)
+from pagedjax.entrypoints.openai.structured import (check_structured_outputs,
+                                                    structured_outputs_of)
 from pagedjax.sampling_params import RequestOutputKind, SamplingParams
 
 MAX_CHOICES = 256
@@ -96,7 +98,8 @@ class OpenAIServing:
             skip_special_tokens=req.skip_special_tokens,
             spaces_between_special_tokens=req.spaces_between_special_tokens,
             bad_words=req.bad_words, allowed_token_ids=req.allowed_token_ids,
-            output_kind=RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY)
+            output_kind=RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY,
+            structured_outputs=structured_outputs_of(req)[0])
         try:
             if req.logit_bias is not None:
                 kw["logit_bias"] = {int(k): float(v) for k, v in req.logit_bias.items()}
@@ -137,6 +140,7 @@ class OpenAIServing:
                          for t in toks)
         plp = req.logprobs if (req.echo and req.logprobs is not None) else req.prompt_logprobs
         params = self._params(req, max_tokens, req.logprobs, plp)
+        await check_structured_outputs(self.llm, params, structured_outputs_of(req)[1])
         job = Job(self.llm, random_id("cmpl"), raw_request)
         await job.start(toks, params, watch_disconnect=not req.stream)
         meta = dict(id=job.base_id, created=now(), model=model)
@@ -254,9 +258,6 @@ class OpenAIServing:
                               param="top_logprobs")
         if req.tools:
             raise OpenAIError("tools are not supported.", 400, param="tools")
-        if req.response_format and req.response_format.get("type") not in (None, "text"):
-            raise OpenAIError("only response_format type 'text' is supported.", 400,
-                              param="response_format")
         if req.n > MAX_CHOICES:
             raise OpenAIError(f"n must be <= {MAX_CHOICES}.", 400, param="n")
         prompt = await self._render_chat(req)
@@ -265,6 +266,7 @@ class OpenAIServing:
         max_tokens = self._check_length(plen, mt, "messages")
         k = (req.top_logprobs or 0) if req.logprobs else None
         params = self._params(req, max_tokens, k, aliases={"logprobs": "top_logprobs"})
+        await check_structured_outputs(self.llm, params, structured_outputs_of(req)[1])
         job = Job(self.llm, random_id("chatcmpl"), raw_request)
         await job.start([prompt], params, watch_disconnect=not req.stream)
         meta = dict(id=job.base_id, created=now(), model=model)
