@@ -128,6 +128,12 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--enable-test-hooks", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
+                   help="LoRA adapters served as models (needs --enable-lora): name=path or "
+                        "JSON {\"name\": .., \"path\": .., \"base_model_name\": ..}")
+    p.add_argument("--allow-runtime-lora-updating", action="store_true",
+                   help="answer POST /v1/load_lora_adapter and /v1/unload_lora_adapter (needs "
+                        "--enable-lora; also VLLM_ALLOW_RUNTIME_LORA_UPDATING=true)")
     EngineArgs.add_cli_args(p)
     multihost.add_cli_args(p)
 
@@ -161,6 +167,7 @@ def run_server(ns: argparse.Namespace) -> int:
     llm = AsyncLLM.from_engine(engine, stat_logger=metrics)
     metrics.update_engine(engine, 0)
     config = _app_config(ns, names, metrics)
+    config.lora_registry, config.allow_lora_updates = lora_setup(ns, engine, names)
     state = ServerState()
     app = build_app(llm, config, state)
     server: _Server
@@ -180,6 +187,22 @@ def run_server(ns: argparse.Namespace) -> int:
     held = engine.pool_stats().used
     logger.warning("stopped: %d KV page(s) held, exit status %d", held, state.exit_code)
     return state.exit_code or (1 if held else 0)
+
+
+def lora_setup(ns: argparse.Namespace, engine, names: list[str]):
+    """(registry of --lora-modules, runtime updates allowed); each adapter checked now."""
+    from pagedjax.entrypoints.openai.lora_routes import (LoRARegistry, parse_lora_modules,
+                                                         runtime_updates_allowed)
+
+    modules = parse_lora_modules(ns.lora_modules)
+    if modules and engine.lora is None:
+        raise ValueError("--lora-modules needs --enable-lora")
+    registry = LoRARegistry(names[0], tuple(names))
+    for m in modules:
+        req = registry.make(m["name"], m["path"], m["base_model_name"])
+        engine.validate_lora(req)
+        registry.add(req)
+    return registry, runtime_updates_allowed(ns.allow_runtime_lora_updating)
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -22,6 +22,7 @@ from pagedjax.entrypoints.openai.chat_render import DEFAULT_TIME_LIMIT_S
 from pagedjax.entrypoints.openai.errors import OpenAIError
 from pagedjax.entrypoints.openai.gate import Gate, GateConfig, ServerState
 from pagedjax.entrypoints.openai.jobs import ClientDisconnected, engine_error
+from pagedjax.entrypoints.openai.lora_routes import LoRARegistry, add_lora_routes
 from pagedjax.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelCard
 from pagedjax.entrypoints.openai.serving import OpenAIServing
 
@@ -47,6 +48,8 @@ class AppConfig:
     allowed_origins: Optional[list[str]] = None
     enable_test_hooks: bool = False
     metrics: object = None
+    lora_registry: object = None  # lora_routes.LoRARegistry (adapters served as models)
+    allow_lora_updates: bool = False  # /v1/load_lora_adapter and /v1/unload_lora_adapter
 
 
 def _body_schema(model_cls) -> dict:
@@ -67,6 +70,10 @@ def build_app(llm: AsyncLLM, config: AppConfig, state: Optional[ServerState] = N
                             config.template_time_limit_s)
     app.state.llm, app.state.serving, app.state.server = llm, serving, state
     engine = llm.engine
+    loras = config.lora_registry or LoRARegistry(config.served_model_names[0],
+                                                 tuple(config.served_model_names))
+    serving.loras = loras
+    add_lora_routes(app, llm, loras, config.allow_lora_updates and engine.lora is not None)
 
     def error(e: OpenAIError) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.status)
@@ -133,6 +140,7 @@ def build_app(llm: AsyncLLM, config: AppConfig, state: Optional[ServerState] = N
     async def models():
         cards = [ModelCard(id=name, root=engine.model_name, max_model_len=engine.max_model_len)
                  .model_dump() for name in config.served_model_names]
+        cards += loras.cards(engine.max_model_len)
         return {"object": "list", "data": cards}
 
     @app.post("/v1/completions", openapi_extra=_body_schema(CompletionRequest),

@@ -39,11 +39,12 @@ class Job:
         self._watch: Optional[asyncio.Task] = None
 
     async def start(self, prompts: list[dict], params: SamplingParams,
-                    watch_disconnect: bool) -> None:
+                    watch_disconnect: bool, lora_request=None) -> None:
         """Add every prompt's request; a bad one aborts the others (OpenAIError)."""
         try:
             for i, p in enumerate(prompts):
-                self.streams.append(await self.llm.add_request(f"{self.base_id}.{i}", p, params))
+                self.streams.append(await self.llm.add_request(
+                    f"{self.base_id}.{i}", p, params, lora_request=lora_request))
         except ValueError as e:
             self.close()
             raise OpenAIError(str(e), 400, param=param_of(str(e)) or "prompt") from e

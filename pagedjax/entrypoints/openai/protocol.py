@@ -116,4 +116,5 @@ class ModelCard(_Base):
     created: int = Field(default_factory=now)
     owned_by: str = "pagedjax"
     root: Optional[str] = None
+    parent: Optional[str] = None  # LoRA adapters: the base model
     max_model_len: Optional[int] = None

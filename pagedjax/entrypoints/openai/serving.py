@@ -35,13 +35,20 @@ class OpenAIServing:
         self.served_model_names = served_model_names
         self.max_logprobs = max_logprobs
         self.template_time_limit_s = template_time_limit_s
+        self.loras = None  # lora_routes.LoRARegistry: adapter names served as models
 
     # ------------------------------------------------------------------ helpers
     def check_model(self, model: Optional[str]) -> str:
         if model is None or model in self.served_model_names:
             return self.served_model_names[0]
+        if self.loras is not None and self.loras.get(model) is not None:
+            return model
         raise OpenAIError(f"The model {short(model)} does not exist.", 404, param="model",
                           code="model_not_found")
+
+    def _lora(self, model: str):
+        """The LoRARequest of an adapter served under ``model``, else None (the base)."""
+        return self.loras.get(model) if self.loras is not None else None
 
     def _decode(self, tid: int) -> str:
         return self.tokenizer.decode([int(tid)])
@@ -142,7 +149,8 @@ class OpenAIServing:
         params = self._params(req, max_tokens, req.logprobs, plp)
         await check_structured_outputs(self.llm, params, structured_outputs_of(req)[1])
         job = Job(self.llm, random_id("cmpl"), raw_request)
-        await job.start(toks, params, watch_disconnect=not req.stream)
+        await job.start(toks, params, watch_disconnect=not req.stream,
+                        lora_request=self._lora(model))
         meta = dict(id=job.base_id, created=now(), model=model)
         if req.stream:
             return self._completion_stream(job, req, toks, meta)
@@ -268,7 +276,8 @@ class OpenAIServing:
         params = self._params(req, max_tokens, k, aliases={"logprobs": "top_logprobs"})
         await check_structured_outputs(self.llm, params, structured_outputs_of(req)[1])
         job = Job(self.llm, random_id("chatcmpl"), raw_request)
-        await job.start([prompt], params, watch_disconnect=not req.stream)
+        await job.start([prompt], params, watch_disconnect=not req.stream,
+                        lora_request=self._lora(model))
         meta = dict(id=job.base_id, created=now(), model=model)
         if req.stream:
             return self._chat_stream(job, req, plen, meta, k)
