@@ -214,3 +214,24 @@ def test_params_validation_and_json_roundtrip():
     p = SamplingParams(structured_outputs=S(json=PERSON, disable_any_whitespace=True))
     back = _params_from_json(json.loads(json.dumps(_params_to_json(p))))
     assert back.structured_outputs == p.structured_outputs
+
+
+@pytest.mark.slow
+def test_with_speculative_decoding_constraints_hold():
+    """n-gram speculation on: constrained rows get no proposals (their mask needs each
+    token) but still share verification steps with rows that do; outputs stay valid
+    and an unconstrained greedy row gives its plain-engine tokens."""
+    llm = LLM(max_model_len=256, num_pages=64, max_num_seqs=4, page_size=16,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    tok = llm.get_tokenizer()
+    free = SamplingParams(temperature=0.0, max_tokens=40)
+    prompts = [_chat(tok, "Repeat after me: one two three, one two three, one two three."),
+               _chat(tok, "Describe a person as JSON."), _chat(tok, "Is the sky blue?")]
+    outs = llm.generate(prompts, [
+        free, SamplingParams(temperature=0.0, max_tokens=100, structured_outputs=S(json=PERSON)),
+        SamplingParams(temperature=0.0, max_tokens=5, structured_outputs=S(choice=["yes", "no"]))],
+        use_tqdm=False)
+    jsonschema.validate(json.loads(outs[1].outputs[0].text), PERSON)
+    assert outs[2].outputs[0].text in ("yes", "no")
+    assert llm.llm_engine.spec_decode_stats()["num_draft_tokens"] > 0
+    assert llm.llm_engine.pool_stats().used == 0
