@@ -13,9 +13,10 @@ The core owns the scheduler and the runner and knows nothing about text. One
 
 With ``async_scheduling=False`` (or while a request needs its full token
 history on the host before each step: repetition penalties, multi-token bad
-words, beam search, structured outputs: a grammar's mask for step N needs
-step N-1's token) step N is fetched before the call returns, which is the
-serial engine. Both orders give the same tokens: sampling depends on each
+words, beam search) step N is fetched before the call returns, which is the
+serial engine. A structured-output row's mask for step N needs step N-1's
+token: such a step launches its model first, then fetches step N-1 (the
+matchers advance), then launches its sampler with the masks. Both orders give the same tokens: sampling depends on each
 row's seed and position, never on the step it runs in.
 """
 
@@ -53,7 +54,12 @@ class _Sampling:
     @property
     def serial(self) -> bool:
         """While this request lives, steps run serially (see the module docstring)."""
-        return self.needs_history or self.keep_topk or self.grammar is not None
+        return self.needs_history or self.keep_topk
+
+    @property
+    def token_by_token(self) -> bool:
+        """Each token must be known before the next is chosen (no speculation)."""
+        return self.serial or self.grammar is not None
 
 
 @dataclasses.dataclass
@@ -63,6 +69,8 @@ class _InFlight:
     targets: list[tuple[str, str, int]]  # per sampling row: (seq id, request id, index)
     token_src: dict[str, int]  # seq id -> its row in this step's sampled tokens
     prompt_starts: dict[str, int]
+    sample_rows: list[SampleRow] | None = None  # kept while the sampler waits (deferred)
+    deferred: list[tuple[int, str, int]] | None = None  # (sampling row, seq id, index)
 
 
 class EngineCore:
@@ -179,7 +187,7 @@ class EngineCore:
 
     def _may_speculate(self, req: Request) -> bool:
         ref = self._root.get(req.request_id)
-        return ref is not None and not self._sampling[ref[0]].serial
+        return ref is not None and not self._sampling[ref[0]].token_by_token
 
     def step(self) -> CoreOutput:
         """Schedule and launch the next step; return the results of the one before
@@ -199,6 +207,8 @@ class EngineCore:
             self.num_overlapped_steps += 1  # launched while the one before was in flight
         if self._inflight is not None:
             self._complete(self._take_inflight(), out)
+        if launched is not None and launched.deferred:
+            self._sample_deferred(launched)
         self._inflight = launched
         if launched is not None and self._serial():
             self._complete(self._take_inflight(), out)
@@ -214,6 +224,9 @@ class EngineCore:
         rid = self._root[sid][0]
         s = self._sampling[rid]
         outputs = [] if fork else req.output_token_ids
+        # A grammar row whose previous token is still on the device gets its mask later
+        # (_sample_deferred); until then every token is open.
+        waiting = s.grammar is not None and not fork and req.num_pending > 1
         # Placeholders count as outputs (the seed counter); this row's own one does not.
         # The output list is passed as is, never copied: this runs per row per step.
         return RowState(params=s.params[index], prompt_token_ids=req.prompt_token_ids,
@@ -221,8 +234,8 @@ class EngineCore:
                         num_placeholders=0 if fork else req.num_pending - 1,
                         fallback_seed=(s.fallback_seed + 7919 * index) % (2**31 - 1),
                         eos_token_ids=self.eos_token_ids, bad_words_token_ids=s.bad_words_ids,
-                        grammar_bits=None if s.grammar is None
-                        else s.grammar.mask(sid, outputs, fork))
+                        grammar_bits=None if s.grammar is None else s.grammar.open_mask
+                        if waiting else s.grammar.mask(sid, outputs, fork))
 
     def _launch(self, sched: SchedulerOutput, out: CoreOutput) -> _InFlight:
         now = time.time()
@@ -230,6 +243,7 @@ class EngineCore:
         first: list[SampleRow] = []
         extra: list[SampleRow] = []
         targets_first, targets_extra = [], []
+        deferred: list[tuple[int, str, int]] = []
         prompt_lp: dict[str, int] = {}
         prompt_tokens: dict[str, list[int]] = {}
         prompt_starts: dict[str, int] = {}
@@ -253,6 +267,8 @@ class EngineCore:
             lp = s.params[0].logprobs
             first.append(SampleRow(row.request_id, i, self._row_state(req, row.request_id,
                                                                       0 if fork else idx, fork), lp))
+            if s.grammar is not None and not fork and req.num_pending > 1:
+                deferred.append((len(first) - 1, row.request_id, idx))
             targets_first.append((row.request_id, rid, 0 if fork else idx))
             for j in range(1, row.num_samples):
                 extra.append(SampleRow(row.request_id, i,
@@ -269,10 +285,22 @@ class EngineCore:
             launched = self.runner.launch(sched.rows, first + extra, prompt_lp, prompt_tokens,
                                           prev=prev.launched if prev else None,
                                           token_src=prev.token_src if prev else None,
-                                          lora_slots=lora_slots)
+                                          lora_slots=lora_slots, defer_sample=bool(deferred))
         self.num_steps += 1
         return _InFlight(sched, launched, targets_first + targets_extra, token_src,
-                         prompt_starts)
+                         prompt_starts, first + extra if deferred else None, deferred or None)
+
+    def _sample_deferred(self, fl: _InFlight) -> None:
+        """The step before is fetched and its tokens fed to the matchers: launch this
+        step's sampler with the grammar rows' masks (rows of sequences that ended
+        meanwhile keep an open mask; their tokens are ignored)."""
+        rows = list(fl.sample_rows)
+        for j, sid, idx in fl.deferred:
+            req = self.scheduler.get_request(sid)
+            if req is not None and sid in self._root:
+                rows[j] = dataclasses.replace(rows[j], state=self._row_state(req, sid, idx, False))
+        fl.launched = self.runner.launch_sample(fl.launched, rows)
+        fl.sample_rows = fl.deferred = None
 
     def _complete(self, fl: _InFlight, out: CoreOutput) -> None:
         if isinstance(fl.launched, Launched):

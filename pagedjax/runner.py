@@ -57,6 +57,25 @@ class Launched:
     t0: float
 
 
+@dataclasses.dataclass
+class ModelLaunched:
+    """A step whose model part is dispatched and whose sampling waits for
+    ``Runner.launch_sample`` (structured outputs: a grammar row's mask needs the
+    previous step's token, fetched while this step's forward runs)."""
+
+    logits: Any  # f32[S, V] on the device
+    plp: Any
+    st: Any  # the SamplingTensors built at launch (numpy)
+    sample_index: np.ndarray
+    num_logprobs: Any
+    shape: tuple
+    prompt_k: Any
+    cu_q_lens: np.ndarray
+    row_ids: list[str]
+    prompt_lp: dict[str, int]
+    t0: float
+
+
 class CompileCounter:
     """Counts XLA backend compilations (all of them, process-wide)."""
 
@@ -187,23 +206,38 @@ class Runner:
                prompt_lp: dict[str, int] | None = None,
                prompt_tokens: dict[str, list[int]] | None = None,
                prev: Launched | None = None, token_src: dict[str, int] | None = None,
-               lora_slots=None) -> Launched:
+               lora_slots=None, defer_sample: bool = False) -> Launched | ModelLaunched:
         """Dispatch one step without waiting for it. ``prompt_lp`` maps request ids
         wanting prompt logprobs to k; rows with a placeholder token read it from
-        ``prev``'s sampled tokens at ``token_src[request_id]``."""
+        ``prev``'s sampled tokens at ``token_src[request_id]``. ``defer_sample``:
+        dispatch only the model; :meth:`launch_sample` dispatches the sampler."""
         prompt_lp = prompt_lp or {}
         batch, st, sample_index, num_logprobs, prompt_k, shape = self.prepare(
             rows, sample_rows, prompt_lp, prompt_tokens or {}, token_src, lora_slots)
-        key = (shape, num_logprobs, prompt_k, sampler_mod.variant_key(st))
-        self.shapes_seen.add(key)
         t0 = time.perf_counter()
-        sbufs, sspec = pack((st, sample_index))
-        sbufs = jax.device_put(sbufs)
         prev_tokens = prev.tokens if prev is not None else self._no_tokens
         logits, plp = self._run_model(rows, batch, prompt_k, shape, prev_tokens)
-        out, tokens = self._sample(logits, sbufs, spec=sspec, num_logprobs=num_logprobs)
-        return Launched(out, plp, tokens, batch.meta.cu_q_lens, [r.request_id for r in rows],
-                        prompt_lp, t0)
+        pending = ModelLaunched(logits, plp, st, sample_index, num_logprobs, shape, prompt_k,
+                                batch.meta.cu_q_lens, [r.request_id for r in rows], prompt_lp, t0)
+        return pending if defer_sample else self.launch_sample(pending)
+
+    def launch_sample(self, pending: ModelLaunched,
+                      sample_rows: Sequence[SampleRow] | None = None) -> Launched:
+        """Dispatch the sampler of a model-launched step; ``sample_rows`` (the same
+        rows, states updated) replace the sampling state built at launch."""
+        st = pending.st
+        if sample_rows is not None:
+            st = sampler_mod.build_sampling_tensors([sr.state for sr in sample_rows],
+                                                    len(pending.sample_index), self.vocab_size,
+                                                    self.max_model_len)
+        self.shapes_seen.add((pending.shape, pending.num_logprobs, pending.prompt_k,
+                              sampler_mod.variant_key(st)))
+        sbufs, sspec = pack((st, pending.sample_index))
+        sbufs = jax.device_put(sbufs)
+        out, tokens = self._sample(pending.logits, sbufs, spec=sspec,
+                                   num_logprobs=pending.num_logprobs)
+        return Launched(out, pending.plp, tokens, pending.cu_q_lens, pending.row_ids,
+                        pending.prompt_lp, pending.t0)
 
     def _run_model(self, rows, batch, prompt_k, shape, prev_tokens):
         bbufs, bspec = pack(batch)

@@ -132,6 +132,12 @@ class GrammarCompiler:
                 self._valid = np.packbits(bits, bitorder="little").view("<u4").copy()
             return self._ll
 
+    @property
+    def valid_mask(self) -> np.ndarray:
+        """u32[ceil(V/32)]: the ids the tokenizer has (padding ids of the model banned)."""
+        self.ll_tokenizer()
+        return self._valid
+
     def compile(self, spec: StructuredOutputsParams) -> CompiledGrammar:
         """A compiled grammar for ``spec`` (from the cache when seen before).
 
@@ -191,6 +197,11 @@ class GrammarState:
         self.compiler = compiler
         self.compiled = compiled
         self._matchers: dict[str, list] = {}  # seq id -> [matcher, tokens consumed]
+
+    @property
+    def open_mask(self) -> np.ndarray:
+        """Every token the tokenizer has (a placeholder until the real mask is known)."""
+        return self.compiler.valid_mask
 
     def sync(self, seq_id: str, output_ids: Sequence[int]):
         """The sequence's matcher, advanced (or rolled back) to ``output_ids``."""
