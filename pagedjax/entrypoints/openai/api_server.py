@@ -3,7 +3,8 @@
     python -m pagedjax.entrypoints.openai.api_server --model M --port 8000
     pagedjax serve [M] --port 8000
 
-Routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions,
+Routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions (tools:
+docs/tool_calling.md),
 GET /health, GET /version, GET /metrics, GET /openapi.json and /docs. Binds
 127.0.0.1 unless --host is given, and then answers only requests whose Host is
 a loopback name (or listed in --allowed-hosts). With --api-key (or
@@ -33,6 +34,7 @@ import uvicorn
 
 from pagedjax.entrypoints.openai.app import DEFAULT_MAX_BODY_BYTES, AppConfig, build_app
 from pagedjax.entrypoints.openai.gate import GateConfig, ServerState, is_loopback
+from pagedjax.entrypoints.openai.tool_parsers import TOOL_PARSERS
 
 logger = logging.getLogger("pagedjax.server")
 
@@ -134,6 +136,12 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-runtime-lora-updating", action="store_true",
                    help="answer POST /v1/load_lora_adapter and /v1/unload_lora_adapter (needs "
                         "--enable-lora; also VLLM_ALLOW_RUNTIME_LORA_UPDATING=true)")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="answer tool_choice 'auto' (the default when tools are sent) by parsing "
+                        "calls out of the model's text; needs --tool-call-parser")
+    p.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_PARSERS),
+                   help="how the model writes tool calls: hermes (<tool_call>{...}</tool_call>, "
+                        "Qwen2.5) or llama3_json ({\"name\": .., \"parameters\": ..})")
     EngineArgs.add_cli_args(p)
     multihost.add_cli_args(p)
 
@@ -148,7 +156,8 @@ def _app_config(ns: argparse.Namespace, names: list[str], metrics) -> AppConfig:
     return AppConfig(served_model_names=names, gate=gate, max_body_bytes=ns.max_request_body_bytes,
                      max_logprobs=ns.max_logprobs, template_time_limit_s=ns.chat_template_timeout,
                      allowed_origins=ns.allowed_origins, enable_test_hooks=ns.enable_test_hooks,
-                     metrics=metrics)
+                     metrics=metrics,
+                     tool_call_parser=ns.tool_call_parser if ns.enable_auto_tool_choice else None)
 
 
 def run_server(ns: argparse.Namespace) -> int:
@@ -157,6 +166,9 @@ def run_server(ns: argparse.Namespace) -> int:
     from pagedjax.engine import LLMEngine
     from pagedjax.metrics import EngineMetrics
 
+    if ns.enable_auto_tool_choice and not ns.tool_call_parser:
+        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser "
+                         f"(one of {sorted(TOOL_PARSERS)})")
     logging.basicConfig(level=getattr(logging, ns.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = LLMEngine(EngineArgs.from_cli_args(ns, model=ns.model))

@@ -135,7 +135,8 @@ def _tracer(deadline: float):
 
 
 def render_user_template(source: str, messages: list[dict], add_generation_prompt: bool,
-                         special_tokens: dict, time_limit_s: float = DEFAULT_TIME_LIMIT_S) -> str:
+                         special_tokens: dict, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+                         tools: Optional[list[dict]] = None) -> str:
     """Render an untrusted chat template; TemplateError (a ValueError) on any failure."""
     env = _make_env()
     try:
@@ -146,7 +147,7 @@ def render_user_template(source: str, messages: list[dict], add_generation_promp
     sys.settrace(_tracer(time.monotonic() + time_limit_s))
     try:
         text = tmpl.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                           **special_tokens)
+                           tools=tools, **special_tokens)
     except _Deadline:
         raise TemplateError(f"chat_template took longer than {time_limit_s:g} s to render; "
                             "simplify it") from None
@@ -164,14 +165,20 @@ def render_user_template(source: str, messages: list[dict], add_generation_promp
 
 
 def render_chat_ids(tokenizer, messages: list[dict], add_generation_prompt: bool,
-                    chat_template: Optional[str], time_limit_s: float) -> list[int]:
-    """Token ids of a chat prompt (worker pool). ValueError for anything the client caused."""
+                    chat_template: Optional[str], time_limit_s: float,
+                    tools: Optional[list[dict]] = None) -> list[int]:
+    """Token ids of a chat prompt (worker pool). ValueError for anything the client caused.
+
+    ``tools`` (OpenAI's tool list) reaches the template as ``tools``, as with
+    transformers' ``apply_chat_template(tools=...)``; a template that does not
+    mention them renders without them."""
     from pagedjax.tokenizer import apply_chat_template
 
     if chat_template is None:
         try:
             return list(apply_chat_template(tokenizer, messages,
-                                            add_generation_prompt=add_generation_prompt))
+                                            add_generation_prompt=add_generation_prompt,
+                                            tools=tools))
         except ValueError:
             raise
         except Exception as e:  # noqa: BLE001 - the model's template rejects these messages
@@ -180,5 +187,5 @@ def render_chat_ids(tokenizer, messages: list[dict], add_generation_prompt: bool
     special = {k: v for k, v in (tokenizer.special_tokens_map or {}).items()
                if isinstance(v, str)}
     text = render_user_template(chat_template, messages, add_generation_prompt, special,
-                                time_limit_s)
+                                time_limit_s, tools)
     return list(tokenizer.encode(text, add_special_tokens=False))

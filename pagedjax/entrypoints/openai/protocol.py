@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pagedjax.entrypoints.openai.errors import OpenAIError  # noqa: F401 - re-exported
 from pagedjax.entrypoints.openai.structured import StructuredFields
+from pagedjax.entrypoints.openai.tools import ToolFields
 
 
 def random_id(prefix: str) -> str:
@@ -98,7 +99,7 @@ class ChatMessage(_Base):
     name: Optional[str] = Field(None, max_length=256)
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(_SamplingFields, ToolFields):
     messages: list[ChatMessage] = Field(min_length=1, max_length=4096)
     max_tokens: Optional[int] = Field(None, ge=1, le=2**31 - 1)
     max_completion_tokens: Optional[int] = Field(None, ge=1, le=2**31 - 1)
@@ -106,8 +107,6 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
     chat_template: Optional[str] = Field(None, max_length=65536)
-    tools: Optional[list[Any]] = None
-    tool_choice: Optional[Any] = None
 
 
 class ModelCard(_Base):

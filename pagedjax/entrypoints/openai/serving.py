@@ -13,12 +13,15 @@ from typing import Any, AsyncIterator, Optional
 from pagedjax.async_llm import AsyncLLM
 from pagedjax.entrypoints.openai import formatting as fmt
 from pagedjax.entrypoints.openai.chat_render import DEFAULT_TIME_LIMIT_S, render_chat_ids
+from pagedjax.entrypoints.openai.chat_tools import ChoiceTools
 from pagedjax.entrypoints.openai.errors import OpenAIError, param_of, short
 from pagedjax.entrypoints.openai.jobs import Job
 from pagedjax.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, now,
                                                   random_id)
 from pagedjax.entrypoints.openai.structured import (check_structured_outputs,
                                                     structured_outputs_of)
+from pagedjax.entrypoints.openai.tools import (ToolPlan, messages_for_template, plan_tools,
+                                               tool_constraint)
 from pagedjax.sampling_params import RequestOutputKind, SamplingParams
 
 MAX_CHOICES = 256
@@ -26,8 +29,10 @@ MAX_CHOICES = 256
 
 class OpenAIServing:
     def __init__(self, llm: AsyncLLM, served_model_names: list[str], max_logprobs: int = 20,
-                 template_time_limit_s: float = DEFAULT_TIME_LIMIT_S):
+                 template_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+                 tool_call_parser: Optional[str] = None):
         self.llm = llm
+        self.tool_call_parser = tool_call_parser  # set: tool_choice "auto" is answered
         engine = llm.engine
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
@@ -80,8 +85,8 @@ class OpenAIServing:
         return max_tokens
 
     def _params(self, req, max_tokens: int, logprobs: Optional[int],
-                prompt_logprobs: Optional[int] = None, aliases: Optional[dict] = None
-                ) -> SamplingParams:
+                prompt_logprobs: Optional[int] = None, aliases: Optional[dict] = None,
+                structured=None) -> SamplingParams:
         aliases = aliases or {}
         if req.stream_options is not None and not req.stream:
             raise OpenAIError("stream_options is only allowed when stream is true.", 400,
@@ -106,7 +111,7 @@ class OpenAIServing:
             spaces_between_special_tokens=req.spaces_between_special_tokens,
             bad_words=req.bad_words, allowed_token_ids=req.allowed_token_ids,
             output_kind=RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY,
-            structured_outputs=structured_outputs_of(req)[0])
+            structured_outputs=structured or structured_outputs_of(req)[0])
         try:
             if req.logit_bias is not None:
                 kw["logit_bias"] = {int(k): float(v) for k, v in req.logit_bias.items()}
@@ -244,14 +249,14 @@ class OpenAIServing:
             elif c is None:
                 d["content"] = ""
             messages.append(d)
-        return messages
+        return messages_for_template(messages)
 
-    async def _render_chat(self, req: ChatCompletionRequest) -> dict:
+    async def _render_chat(self, req: ChatCompletionRequest, tools) -> dict:
         messages = self._messages(req)
         try:
             ids = await self.llm.run_in_worker(
                 render_chat_ids, self.tokenizer, messages, req.add_generation_prompt,
-                req.chat_template, self.template_time_limit_s)
+                req.chat_template, self.template_time_limit_s, tools)
         except ValueError as e:
             param = "chat_template" if req.chat_template is not None else "messages"
             raise OpenAIError(str(e), 400, param=param) from e
@@ -264,23 +269,24 @@ class OpenAIServing:
         if req.top_logprobs is not None and not req.logprobs:
             raise OpenAIError("top_logprobs requires logprobs to be true.", 400,
                               param="top_logprobs")
-        if req.tools:
-            raise OpenAIError("tools are not supported.", 400, param="tools")
         if req.n > MAX_CHOICES:
             raise OpenAIError(f"n must be <= {MAX_CHOICES}.", 400, param="n")
-        prompt = await self._render_chat(req)
+        plan = plan_tools(req, self.tool_call_parser is not None)
+        prompt = await self._render_chat(req, plan.tools)
         plen = len(prompt["prompt_token_ids"])
         mt = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = self._check_length(plen, mt, "messages")
         k = (req.top_logprobs or 0) if req.logprobs else None
-        params = self._params(req, max_tokens, k, aliases={"logprobs": "top_logprobs"})
-        await check_structured_outputs(self.llm, params, structured_outputs_of(req)[1])
+        constraint, field = self._tool_constraint(req, plan)
+        params = self._params(req, max_tokens, k, aliases={"logprobs": "top_logprobs"},
+                              structured=constraint)
+        await check_structured_outputs(self.llm, params, field)
         job = Job(self.llm, random_id("chatcmpl"), raw_request)
         await job.start([prompt], params, watch_disconnect=not req.stream,
                         lora_request=self._lora(model))
         meta = dict(id=job.base_id, created=now(), model=model)
         if req.stream:
-            return self._chat_stream(job, req, plen, meta, k)
+            return self._chat_stream(job, req, plen, meta, k, plan)
         try:
             final = None
             async for _, out in job.outputs():
@@ -294,17 +300,30 @@ class OpenAIServing:
         for o in final.outputs:
             lp = (fmt.chat_logprobs(o.token_ids, o.logprobs or [], k, self._decode)
                   if k is not None else None)
-            choices.append({"index": o.index,
-                            "message": {"role": "assistant", "content": o.text,
-                                        "tool_calls": []},
-                            "logprobs": lp, "finish_reason": o.finish_reason,
+            tools = ChoiceTools(plan, self.tool_call_parser)
+            choices.append({"index": o.index, "message": tools.message(o.text),
+                            "logprobs": lp, "finish_reason": tools.finish_reason(o.finish_reason),
                             "stop_reason": o.stop_reason})
         n_out = sum(len(o.token_ids) for o in final.outputs)
         return {**meta, "object": "chat.completion", "choices": choices,
                 "usage": fmt.usage([plen], n_out)}
 
-    async def _chat_stream(self, job: Job, req, plen: int, meta, k) -> AsyncIterator[str]:
+    @staticmethod
+    def _tool_constraint(req, plan: ToolPlan):
+        """(the constraint of a required / named tool choice or None, the field to blame
+        if it does not compile)."""
+        if not plan.constrained:
+            return None, structured_outputs_of(req)[1]
+        if structured_outputs_of(req)[0] is not None:
+            raise OpenAIError(f"tool_choice {plan.mode!r} constrains the output itself; it "
+                              "cannot be combined with response_format or structured_outputs.",
+                              400, param="tool_choice")
+        return tool_constraint(req, plan), "tools"
+
+    async def _chat_stream(self, job: Job, req, plen: int, meta, k,
+                           plan: ToolPlan) -> AsyncIterator[str]:
         n_tokens: dict[int, int] = {}
+        tools = {j: ChoiceTools(plan, self.tool_call_parser) for j in range(req.n)}
         include_usage, continuous = self._stream_flags(req)
         base = {**meta, "object": "chat.completion.chunk"}
         try:
@@ -318,11 +337,14 @@ class OpenAIServing:
                         n_tokens[o.index] = n_tokens.get(o.index, 0) + len(o.token_ids)
                         lp = (fmt.chat_logprobs(o.token_ids, o.logprobs or [], k, self._decode)
                               if k is not None else None)
-                        chunk = {**base, "choices": [{"index": o.index,
-                                                      "delta": {"content": o.text} if o.text
-                                                      else {},
-                                                      "logprobs": lp,
-                                                      "finish_reason": o.finish_reason,
+                        t = tools[o.index]
+                        delta = t.delta(o.text, final=o.finish_reason is not None)
+                        finish = t.finish_reason(o.finish_reason)
+                        if t.active and not delta and finish is None and lp is None \
+                                and not continuous:
+                            continue  # text held back by the tool parser
+                        chunk = {**base, "choices": [{"index": o.index, "delta": delta,
+                                                      "logprobs": lp, "finish_reason": finish,
                                                       "stop_reason": o.stop_reason}]}
                         if continuous:
                             chunk["usage"] = fmt.usage([plen], n_tokens[o.index])
