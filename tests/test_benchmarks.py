@@ -191,3 +191,32 @@ def test_host_overhead_smoke(smollm2_gguf, tmp_path):
     assert cell["rows"] == 2 and cell["context"] == 20 and cell["steps"] == 3
     assert 0 < cell["host_ms_median"] <= cell["step_ms_median"] + 1e-6
     assert cell["device_wait_ms_median"] >= 0 and rep["machine"]["cores"] >= 1
+
+
+def test_spec_decode_benchmark_smoke(tiny_folder, tmp_path):
+    """benchmarks/spec_decode.py on one tiny cell per method, each in a fresh process;
+    the draft is the tiny model's first layer written to a temporary HF folder."""
+    from benchmarks import spec_decode
+
+    out = tmp_path / "spec.json"
+    rc = spec_decode.main(["--model", tiny_folder, "--workloads", "random", "--batches", "2",
+                           "--methods", "off,ngram,draft", "--draft-layers", "1", "--k", "2",
+                           "--output-len", "6", "--input-mean", "8", "--max-model-len", "128",
+                           "--json", str(out)])
+    assert rc == 0
+    rep = json.loads(out.read_text())
+    assert rep["machine"]["cpu"]["model"] and rep["draft"]["kind"].startswith("self-speculative")
+    cells = {c["method"]: c for c in rep["cells"]}
+    assert set(cells) == {"off", "ngram", "draft"}
+    pids = {c["process"]["pid"] for c in cells.values()}
+    assert len(pids) == 3 and os.getpid() not in pids
+    for c in cells.values():
+        assert "error" not in c, c
+        assert c["num_requests"] == 2 and c["output_tokens"] > 0 and c["pages_used_after"] == 0
+        assert c["greedy_agreement_with_off"] == 1.0, c["method"]
+        assert len(c["process"]["loadavg_before"]) == 3
+    assert cells["off"]["num_draft_tokens"] == 0 and cells["off"]["acceptance_rate"] is None
+    d = cells["draft"]
+    assert d["num_draft_tokens"] > 0 and 0.0 <= d["acceptance_rate"] <= 1.0
+    assert 1.0 <= d["mean_accepted_length"] <= 3.0  # 1 + at most k accepted per verified row
+    assert cells["off"]["output_tokens"] == d["output_tokens"] == cells["ngram"]["output_tokens"]
