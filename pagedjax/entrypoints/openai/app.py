@@ -23,8 +23,10 @@ from pagedjax.entrypoints.openai.errors import OpenAIError
 from pagedjax.entrypoints.openai.gate import Gate, GateConfig, ServerState
 from pagedjax.entrypoints.openai.jobs import ClientDisconnected, engine_error
 from pagedjax.entrypoints.openai.lora_routes import LoRARegistry, add_lora_routes
-from pagedjax.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelCard
+from pagedjax.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
+                                                  DetokenizeRequest, ModelCard, TokenizeRequest)
 from pagedjax.entrypoints.openai.serving import OpenAIServing
+from pagedjax.entrypoints.openai.serving_tokenize import TokenizeServing
 
 logger = logging.getLogger("pagedjax.server")
 
@@ -156,6 +158,18 @@ def build_app(llm: AsyncLLM, config: AppConfig, state: Optional[ServerState] = N
     async def chat(request: Request):
         return await handle(request, ChatCompletionRequest, serving.chat)
 
+    tok = TokenizeServing(serving)
+
+    @app.post("/tokenize", openapi_extra=_body_schema(TokenizeRequest),
+              responses={200: {"model": R.TokenizeResponse}, **_POST_ERRORS})
+    async def tokenize(request: Request):
+        return await handle(request, TokenizeRequest, tok.tokenize)
+
+    @app.post("/detokenize", openapi_extra=_body_schema(DetokenizeRequest),
+              responses={200: {"model": R.DetokenizeResponse}, **_POST_ERRORS})
+    async def detokenize(request: Request):
+        return await handle(request, DetokenizeRequest, tok.detokenize)
+
     _add_request_schemas(app)
     app.add_middleware(Gate, config=config.gate, state=state)
     if config.allowed_origins:
@@ -176,7 +190,8 @@ def _add_request_schemas(app: FastAPI) -> None:
             return app.openapi_schema
         doc = base_openapi()
         schemas = doc.setdefault("components", {}).setdefault("schemas", {})
-        for cls in (CompletionRequest, ChatCompletionRequest):
+        for cls in (CompletionRequest, ChatCompletionRequest, TokenizeRequest,
+                    DetokenizeRequest):
             s = cls.model_json_schema(ref_template="#/components/schemas/{model}",
                                       mode="validation")
             schemas.update(s.pop("$defs", {}))

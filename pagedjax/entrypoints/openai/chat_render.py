@@ -164,10 +164,10 @@ def render_user_template(source: str, messages: list[dict], add_generation_promp
     return text
 
 
-def render_chat_ids(tokenizer, messages: list[dict], add_generation_prompt: bool,
-                    chat_template: Optional[str], time_limit_s: float,
-                    tools: Optional[list[dict]] = None) -> list[int]:
-    """Token ids of a chat prompt (worker pool). ValueError for anything the client caused.
+def render_chat_text(tokenizer, messages: list[dict], add_generation_prompt: bool,
+                     chat_template: Optional[str], time_limit_s: float,
+                     tools: Optional[list[dict]] = None) -> str:
+    """The rendered chat prompt (worker pool). ValueError for anything the client caused.
 
     ``tools`` (OpenAI's tool list) reaches the template as ``tools``, as with
     transformers' ``apply_chat_template(tools=...)``; a template that does not
@@ -176,9 +176,8 @@ def render_chat_ids(tokenizer, messages: list[dict], add_generation_prompt: bool
 
     if chat_template is None:
         try:
-            return list(apply_chat_template(tokenizer, messages,
-                                            add_generation_prompt=add_generation_prompt,
-                                            tools=tools))
+            return apply_chat_template(tokenizer, messages, tokenize=False,
+                                       add_generation_prompt=add_generation_prompt, tools=tools)
         except ValueError:
             raise
         except Exception as e:  # noqa: BLE001 - the model's template rejects these messages
@@ -186,6 +185,16 @@ def render_chat_ids(tokenizer, messages: list[dict], add_generation_prompt: bool
                                 f"{str(e)[:200]}") from e
     special = {k: v for k, v in (tokenizer.special_tokens_map or {}).items()
                if isinstance(v, str)}
-    text = render_user_template(chat_template, messages, add_generation_prompt, special,
+    return render_user_template(chat_template, messages, add_generation_prompt, special,
                                 time_limit_s, tools)
-    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def render_chat_ids(tokenizer, messages: list[dict], add_generation_prompt: bool,
+                    chat_template: Optional[str], time_limit_s: float,
+                    tools: Optional[list[dict]] = None,
+                    add_special_tokens: bool = False) -> list[int]:
+    """Token ids of the rendered chat prompt (the template writes its own special
+    tokens, so none are added unless ``add_special_tokens``)."""
+    text = render_chat_text(tokenizer, messages, add_generation_prompt, chat_template,
+                            time_limit_s, tools)
+    return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))

@@ -3,7 +3,8 @@
 In order: while draining for shutdown every request gets 503 with
 ``Connection: close`` (new and kept-alive connections alike); on a loopback
 bind the ``Host`` header must be a loopback name or one of ``--allowed-hosts``
-(stops DNS rebinding, as Jupyter does); with an API key, ``/v1``, ``/metrics``
+(stops DNS rebinding, as Jupyter does); with an API key, ``/v1``, ``/tokenize``,
+``/detokenize``, ``/metrics``
 and the docs need ``Authorization: Bearer <key>`` (constant-time comparison),
 ``/health`` never does. It also counts the requests in progress, so shutdown
 knows when the last one has ended.
@@ -78,7 +79,7 @@ class Gate:
             return not self.config.open_metrics
         if path in DOCS_PATHS:
             return not self.config.open_docs
-        return path.startswith("/v1")
+        return path.startswith("/v1") or path in ("/tokenize", "/detokenize")
 
     def check(self, scope) -> None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1")

@@ -117,3 +117,22 @@ class ModelCard(_Base):
     root: Optional[str] = None
     parent: Optional[str] = None  # LoRA adapters: the base model
     max_model_len: Optional[int] = None
+
+
+class TokenizeRequest(_Base):
+    """vLLM's /tokenize body: ``prompt`` (text) or ``messages`` (rendered by the chat
+    template, with ``add_generation_prompt`` and an optional ``chat_template``)."""
+
+    model: Optional[str] = Field(None, max_length=256)
+    prompt: Optional[Text] = None
+    messages: Optional[Annotated[list[ChatMessage], Field(min_length=1, max_length=4096)]] = None
+    add_special_tokens: Optional[bool] = None  # default: True for prompt, False for messages
+    add_generation_prompt: bool = True
+    chat_template: Optional[str] = Field(None, max_length=65536)
+    tools: Optional[list[dict[str, Any]]] = Field(None, max_length=128)
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(_Base):
+    model: Optional[str] = Field(None, max_length=256)
+    tokens: Annotated[list[TokenId], Field(max_length=2**20)]

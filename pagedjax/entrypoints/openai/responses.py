@@ -101,6 +101,17 @@ class ModelList(_Out):
     data: list[ModelCard]
 
 
+class TokenizeResponse(_Out):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: Optional[list[str]] = None
+
+
+class DetokenizeResponse(_Out):
+    prompt: str
+
+
 class VersionResponse(_Out):
     version: str
 

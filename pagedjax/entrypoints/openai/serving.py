@@ -233,9 +233,11 @@ class OpenAIServing:
             job.close()
 
     # ------------------------------------------------------------------ chat
-    def _messages(self, req: ChatCompletionRequest) -> list[dict]:
+    @staticmethod
+    def messages(chat_messages) -> list[dict]:
+        """A request's ``messages`` as the chat template takes them (text parts joined)."""
         messages = []
-        for m in req.messages:
+        for m in chat_messages:
             d = m.model_dump(exclude_none=True)
             c = d.get("content")
             if isinstance(c, list):
@@ -251,15 +253,20 @@ class OpenAIServing:
             messages.append(d)
         return messages_for_template(messages)
 
-    async def _render_chat(self, req: ChatCompletionRequest, tools) -> dict:
-        messages = self._messages(req)
+    async def render_chat(self, req, tools=None, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of a request's messages rendered by its (or the model's) chat
+        template, in the worker pool; OpenAIError 400 if the template fails."""
+        messages = self.messages(req.messages)
         try:
-            ids = await self.llm.run_in_worker(
+            return await self.llm.run_in_worker(
                 render_chat_ids, self.tokenizer, messages, req.add_generation_prompt,
-                req.chat_template, self.template_time_limit_s, tools)
+                req.chat_template, self.template_time_limit_s, tools, add_special_tokens)
         except ValueError as e:
             param = "chat_template" if req.chat_template is not None else "messages"
             raise OpenAIError(str(e), 400, param=param) from e
+
+    async def _render_chat(self, req: ChatCompletionRequest, tools) -> dict:
+        ids = await self.render_chat(req, tools)
         if not ids:
             raise OpenAIError("the rendered chat prompt is empty.", 400, param="messages")
         return {"prompt_token_ids": ids}
