@@ -173,6 +173,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.waiting = _WaitingQueue(policy == "priority")
         self.running: list[Request] = []
+        self.num_preemptions = 0  # preemptions since start (vllm:num_preemptions)
 
     # ---- requests in and out -----------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -378,6 +379,7 @@ class Scheduler:
         req.spec_token_ids = []
         req.status = RequestStatus.PREEMPTED
         req.num_preemptions += 1
+        self.num_preemptions += 1
         self.waiting.push(req, front=True)
         preempted.append(req.request_id)
         return len(row.token_ids) if row else 0
