@@ -99,8 +99,10 @@ class LLM:
 
     # ------------------------------------------------------------------ chat
     def chat(self, messages, sampling_params: SamplingParams | None = None, use_tqdm: bool = True,
-             add_generation_prompt: bool = True, chat_template: str | None = None):
-        """Apply the model's chat template to one conversation or a list of them."""
+             add_generation_prompt: bool = True, chat_template: str | None = None,
+             lora_request=None):
+        """Apply the model's chat template to one conversation or a list of them
+        (``lora_request`` as in :meth:`generate`)."""
         from pagedjax.tokenizer import apply_chat_template
 
         convs = messages if messages and isinstance(messages[0], list) else [messages]
@@ -110,7 +112,8 @@ class LLM:
                                       add_generation_prompt=add_generation_prompt,
                                       chat_template=chat_template)
             prompts.append({"prompt_token_ids": ids})
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm,
+                             lora_request=lora_request)
 
     # ------------------------------------------------------------------ beam search
     def beam_search(self, prompts, params: BeamSearchParams) -> list[BeamSearchOutput]:

@@ -195,3 +195,34 @@ def test_lora_needs_enable_lora(tiny, smollm2_gguf):
     assert llm.llm_engine.runner.params["layers"][0]["attn"]["qkv_proj"].get("lora") is None
     with pytest.raises(ValueError, match="enable_lora"):
         llm.generate([[5, 6]], GREEDY, use_tqdm=False, lora_request=_lora(adapters, 1))
+
+
+@pytest.mark.parametrize("kind", ["ngram", "draft"])
+def test_speculative_decoding_with_adapters(llm, tiny, smollm2_gguf, kind):
+    """A mixed batch of three adapters and the base model with speculation gives the
+    same greedy tokens as without; the target verifies with each row's adapter (the
+    draft, here the base model itself, proposes without adapters)."""
+    base, adapters = tiny
+    which = [0, 1, 2, 3, 2]
+    prompts = [p * 2 for p in _prompts(len(which), seed=13)]  # repeats for n-gram lookup
+    loras = [_lora(adapters, i) for i in which]
+    chat_lora = _lora(adapters, 1)
+    want = llm.generate(prompts, GREEDY, use_tqdm=False, lora_request=loras)
+    spec = ({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+            if kind == "ngram" else {"model": base, "num_speculative_tokens": 3})
+    sllm = LLM(base, tokenizer=smollm2_gguf, speculative_config=spec, **KW)
+    got = sllm.generate(prompts, GREEDY, use_tqdm=False, lora_request=loras)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g.outputs[0].token_ids == w.outputs[0].token_ids, f"row {i} (adapter {which[i]})"
+    stats = sllm.llm_engine.spec_decode_stats()
+    assert stats["num_draft_tokens"] > 0
+    if kind == "draft":  # base-model proposals: the base row accepts all, adapters not
+        assert got[0].metrics.acceptance_rate == 1.0
+        assert min(o.metrics.acceptance_rate for o in got[1:]) < 1.0
+    msgs = [{"role": "user", "content": "Hi"}]
+
+    def chat(engine, lora):
+        return engine.chat(msgs, GREEDY, use_tqdm=False, lora_request=lora)[0].outputs[0].token_ids
+
+    assert chat(sllm, chat_lora) == chat(llm, chat_lora) != chat(llm, None)
+    assert sllm.llm_engine.pool_stats().used == 0
