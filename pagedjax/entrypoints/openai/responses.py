@@ -73,10 +73,21 @@ class ChatLogprobs(_Out):
     content: list[ChatTokenLogprob]
 
 
+class ToolCallFunction(_Out):
+    name: str
+    arguments: str  # a JSON document, as a string
+
+
+class ToolCall(_Out):
+    id: str
+    type: Literal["function"]
+    function: ToolCallFunction
+
+
 class ChatResponseMessage(_Out):
     role: Literal["assistant"]
     content: Optional[str] = None
-    tool_calls: list = []
+    tool_calls: list[ToolCall] = []
 
 
 class ChatChoice(_Out):
