@@ -30,7 +30,8 @@ QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 def _chat(server, **kw):
     kw.setdefault("messages", QUESTION)
     kw.setdefault("max_tokens", 120)
-    return server.client().chat.completions.create(model=server.model, temperature=0.0, **kw)
+    kw.setdefault("temperature", 0.0)
+    return server.client().chat.completions.create(model=server.model, **kw)
 
 
 def _check_calls(calls):
@@ -149,3 +150,22 @@ def test_bad_tool_requests_are_400(server, kw, param):
     err = ei.value.body
     assert ei.value.status_code == 400 and err["type"] == "invalid_request_error"
     assert err["param"] == param, err
+
+
+def test_required_with_n_samples_each_validates(server):
+    """Sampled (each choice its own reader); parallel_tool_calls=false: one call each."""
+    r = _chat(server, tools=TOOLS, tool_choice="required", n=3, temperature=0.9, seed=3,
+              parallel_tool_calls=False, max_tokens=200)
+    assert len(r.choices) == 3
+    for c in r.choices:
+        assert c.finish_reason == "tool_calls", c
+        assert len(c.message.tool_calls) == 1
+        _check_calls(c.message.tool_calls)
+
+
+def test_required_cut_by_max_tokens_is_content(server):
+    """A call cut short is not a call: its text comes back as content, no crash."""
+    r = _chat(server, tools=TOOLS, tool_choice="required", max_tokens=5)
+    c = r.choices[0]
+    assert c.finish_reason == "length" and not c.message.tool_calls
+    assert c.message.content and c.message.content.lstrip().startswith("[")
