@@ -3,7 +3,7 @@ real pagedjax server on the default SmolLM2 model: invoke with usage counted as
 /tokenize counts the prompt, streaming equal to invoke at temperature 0,
 ``with_structured_output(method="json_schema")`` (response_format json_schema),
 ``bind_tools`` with a named tool_choice (arguments checked with jsonschema), and
-a bad request raising the client's 4xx error. Nothing here counts tokens on the
+a bad request raising the client's 4xx error, and the async API. Nothing here counts tokens on the
 client side (tiktoken would download its encodings)."""
 
 from __future__ import annotations
@@ -181,3 +181,27 @@ def test_wrong_key_is_401(server):
     with pytest.raises(openai.AuthenticationError) as e:
         llm.invoke("Hi")
     assert e.value.status_code == 401
+
+
+def test_async_batch_and_function_calling_structured_output(server):
+    """ainvoke/abatch run concurrently on the server (continuous batching) and give the
+    greedy text that invoke gives; with_structured_output(method="function_calling")
+    goes through a named tool_choice."""
+    import asyncio
+
+    llm = _llm(server)
+    prompts = ["Name three colours.", "Count to five.", "Say hello."]
+    want = [llm.invoke(p).content for p in prompts]
+
+    async def run():
+        got = await llm.abatch(prompts)
+        parts = [c.content async for c in llm.astream(prompts[0])]
+        return got, "".join(parts)
+
+    got, streamed = asyncio.run(run())
+    assert [m.content for m in got] == want
+    assert streamed == want[0]
+    structured = _llm(server, max_tokens=60).with_structured_output(
+        Person, method="function_calling", strict=True)
+    assert isinstance(structured.invoke("Describe a person."), Person)
+    server.wait_idle()
