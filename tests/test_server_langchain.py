@@ -2,9 +2,9 @@
 real pagedjax server on the default SmolLM2 model: invoke with usage counted as
 /tokenize counts the prompt, streaming equal to invoke at temperature 0,
 ``with_structured_output(method="json_schema")`` (response_format json_schema),
-``bind_tools`` with a named tool_choice (arguments checked with jsonschema), and
-a bad request raising the client's 4xx error, and the async API. Nothing here counts tokens on the
-client side (tiktoken would download its encodings)."""
+``bind_tools`` with a named tool_choice (arguments checked with jsonschema), the
+async API, and bad requests raising the client's 4xx errors. Nothing here counts
+tokens on the client side (tiktoken would download its encodings)."""
 
 from __future__ import annotations
 
