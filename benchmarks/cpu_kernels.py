@@ -2,7 +2,8 @@
 
 Attention: one layer with SmolLM2-135M's heads (9 q / 3 kv, head_dim 64,
 16-token pages placed at random) for 1, 8 and 64 decode rows and a 512-token
-prefill (8 chunks of 64). Matmuls: 30 SmolLM2-sized layers (qkv, o, gate_up,
+prefill (8 chunks of 64); ``--attention-rows`` instead: a 30-layer decode step's
+attention at several row counts (how it scales with rows). Matmuls: 30 SmolLM2-sized layers (qkv, o, gate_up,
 down) plus the tied-embedding logits, at 1..128 rows. Each figure is the
 minimum of ``--reps`` runs of a jitted call. Prints a table, writes JSON.
 """
@@ -68,6 +69,32 @@ def attention(reps):
     return out
 
 
+def attention_scaling(reps, rows, layers=30, context=192, rounds=3):
+    """Decode attention of a whole step: ``layers`` kernel calls, each on its own page pool
+    (so the keys come from memory, as in a model), every row one token at ``context``;
+    row counts alternate order between rounds. Per row count: best ms, ms per row, and
+    the keys and values read per second."""
+    fn = jax.jit(lambda q, pools, *a: _chain(q, pools, a))
+    cases = {}
+    for r in rows:
+        q, pool, *rest = _attention_case([1] * r, [context] * r, pages=-(-context // 16))
+        cases[r] = (q, [pool + i for i in range(layers)], *rest)
+        fn(*cases[r]).block_until_ready()
+    best = {r: float("inf") for r in rows}
+    for k in range(rounds):
+        for r in (rows if k % 2 == 0 else rows[::-1]):
+            best[r] = min(best[r], _best_ms(fn, cases[r], reps))
+    kv_bytes = 2 * 3 * 64 * 4 * context * layers  # K and V of 3 heads x 64 dims, f32, per row
+    return [{"rows": r, "layers": layers, "context": context, "ms": best[r],
+             "ms_per_row": best[r] / r, "kv_gb_s": r * kv_bytes / best[r] / 1e6} for r in rows]
+
+
+def _chain(q, pools, args):
+    for pool in pools:  # each layer's output is the next one's q: the calls run in turn
+        q = cpu_native.ragged_paged_attention(q, pool, *args, sm_scale=0.125, max_q_len=1)
+    return q
+
+
 def matmuls(reps, rows):
     rng = np.random.default_rng(0)
     h, inter, vocab, qkv, layers = 576, 1536, 49152, 960, 30
@@ -104,10 +131,22 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--rows", default="1,2,4,8,16,32,64,128", help="matmul row counts")
+    p.add_argument("--attention-rows", default="",
+                   help="only the decode attention of a 30-layer step at these row counts "
+                        "(e.g. 16,64,128,256)")
     p.add_argument("--json", default=DEFAULT_JSON)
     ns = p.parse_args(argv)
     if not cpu_native.available():
         raise SystemExit(f"cpu_native is unavailable: {cpu_native.unavailable_reason()}")
+    if ns.attention_rows:
+        sc = attention_scaling(ns.reps, [int(x) for x in ns.attention_rows.split(",")])
+        print(f"{'decode attention':<18}{'ms (30 layers)':>15}{'ms per row':>12}{'KV GB/s':>9}")
+        for r in sc:
+            print(f"{str(r['rows']) + ' rows':<18}{r['ms']:>15.1f}{r['ms_per_row']:>12.3f}"
+                  f"{r['kv_gb_s']:>9.1f}")
+        write_json({"benchmark": "cpu_kernels_attention_scaling", "jax": jax.__version__,
+                    "attention_scaling": sc}, ns.json)
+        return 0
     att = attention(ns.reps)
     print(f"{'attention, one layer':<24}{'cpu_native ms':>14}{'xla ms':>10}{'rel err':>10}")
     for r in att:

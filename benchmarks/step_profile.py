@@ -11,7 +11,8 @@ context, on its own pages), in one process:
   sampler, device->host copy);
 * **model**: the jitted forward + logits of the step (KV pool donated);
   **no attention**: the same with attention replaced by the identity;
-  attention = model - no attention;
+  attention = model - no attention; **attention alone**: the kernel called
+  once per layer on the runner's page pools, by itself;
 * **LM head**: the model's ``compute_logits`` on R hidden rows, alone;
 * **KV write**: ``write_kv`` of R tokens into a page pool, once per layer;
 * **sampling**: the sampler on R rows of logits, greedy and top-p 0.95;
@@ -121,6 +122,36 @@ def model_step_fns(runner):
                                                              attention_fn=no_attention))
 
 
+def attention_direct_ms(runner, rows: int, context: int, reps: int) -> float:
+    """The step's attention measured alone: every layer's kernel call on the runner's
+    own page pools (one per layer, so the keys come from memory as in a step), the
+    rows' pages laid out as ``_rows`` lays them out."""
+    import jax
+    import jax.numpy as jnp
+
+    from kernels_pallas import cpu_native, reference
+
+    info, ps = runner.model.info, runner.page_size
+    per = -(-context // ps)
+    table = jnp.asarray(1 + np.arange(rows * per, dtype=np.int32).reshape(rows, per))
+    kv_lens = jnp.full((rows,), context, jnp.int32)
+    cu = jnp.arange(rows + 1, dtype=jnp.int32)
+    q = jnp.asarray(np.random.default_rng(2).standard_normal(
+        (rows, info.num_q_heads, info.head_dim)), jnp.float32)
+    attend = (cpu_native.ragged_paged_attention if runner.attn_backend == "cpu_native"
+              else reference.ragged_paged_attention)
+
+    @jax.jit
+    def layers(q, pools):
+        for pages in pools:  # each layer's output feeds the next: no overlap between calls
+            q = attend(q, pages, kv_lens, table, cu, jnp.int32(rows),
+                       sm_scale=info.head_dim ** -0.5, max_q_len=1)
+        return q
+
+    pools = [pages for pages, _ in runner.kv_caches]
+    return _median_ms(lambda: layers(q, pools).block_until_ready(), reps)
+
+
 def parts(runner, rows: int, context: int, reps: int) -> dict:
     """The model-side parts of a decode step of ``rows`` rows (see the module docstring)."""
     import jax
@@ -146,6 +177,7 @@ def parts(runner, rows: int, context: int, reps: int) -> dict:
 
     res["model_ms"] = _median_ms(lambda: run(full), reps)
     res["no_attention_ms"] = _median_ms(lambda: run(bare), reps)
+    res["attention_direct_ms"] = attention_direct_ms(runner, rows, context, reps)
     info = runner.model.info
     hid = jnp.asarray(np.random.default_rng(0).standard_normal((rows, info.hidden_size)),
                       info.dtype)
@@ -192,6 +224,7 @@ def derive(p: dict, floor: dict, native_rows: int) -> dict:
 
 
 COLUMNS = [("step", "step_ms"), ("model", "model_ms"), ("attn", "attention_ms"),
+           ("attn alone", "attention_direct_ms"),
            ("layer mm", "layers_matmul_ms"), ("LM head", "lm_head_ms"), ("KV write", "kv_write_ms"),
            ("elemwise", "elementwise_ms"), ("greedy", "sample_greedy_ms"),
            ("top-p", "sample_top_p_ms"), ("host/disp", "dispatch_host_ms"), ("floor", "floor_ms")]

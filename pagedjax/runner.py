@@ -379,19 +379,20 @@ class Runner:
             self.copy_pages([(0, 0)] * r)
 
 
-# Steps of at most this many tokens run their matmuls in the C++ kernel on the
-# cpu_native backend: faster than XLA:CPU's GEMM at 2-32 rows on a 2-core Zen 3,
-# even at 64, slower at 128 (benchmarks/cpu_kernels.py; prefill steps stay with XLA).
-NATIVE_MATMUL_MAX_ROWS = 32
-
-
 def make_plan(attn_backend: str, mesh=None) -> ExecutionPlan:
-    """The execution plan of an engine: its backend, matmul routing and mesh."""
+    """The execution plan of an engine: its backend, matmul routing and mesh.
+
+    On the cpu_native backend, steps of at most ``native_matmul_rows`` tokens
+    run their matmuls in the C++ kernel. That limit is measured once per machine
+    and kernel build (kernels_pallas/cpu_matmul_rows.py: 32 rows on a 2-core
+    Zen 3, 0 on a 2-core AVX-512 Xeon) or set by $PAGEDJAX_NATIVE_MATMUL_ROWS;
+    prefill steps stay with XLA."""
     rows = 0
     if attn_backend == "cpu_native" and mesh is None:
-        from kernels_pallas import cpu_native
+        from kernels_pallas import cpu_matmul_rows, cpu_native
 
-        rows = NATIVE_MATMUL_MAX_ROWS if cpu_native.fast_matmul() else 0
+        if cpu_native.fast_matmul():
+            rows = cpu_matmul_rows.native_matmul_rows()
     return ExecutionPlan(attn_backend=attn_backend, native_matmul_rows=rows, mesh=mesh)
 
 

@@ -1,0 +1,160 @@
+"""Up to how many rows a step's matmuls run in the C++ kernel, on this machine.
+
+The C++ few-row matmul (``cpu_native.matmul``) beats XLA:CPU's GEMM at 2-32
+rows on a 2-core AMD Zen 3 and loses at every row count on a 2-core Intel
+AVX-512 Xeon (BENCHMARKS.md), so the limit is measured, not assumed: once per
+machine and build, a SmolLM2-shaped ``[rows, 576] @ [576, 1536]`` matmul (a
+few distinct weight matrices, so they come from memory as a model's do) is
+timed with both at 8, 16 and 32 rows, a few milliseconds in all. The limit
+is the largest of those row counts up to which the C++ kernel wins at every
+measured count by at least ``MARGIN`` (0: never). It is cached beside the
+kernel's build (``<cache>/native/cpu_kernels_<key>.matmul_rows.json``, the
+key of the build: source, compiler, flags, jaxlib, CPU), so every process
+on the machine uses the same limit, and within a process it is decided once:
+an engine's execution plan, and so its compiled programs, depend only on it.
+
+``PAGEDJAX_NATIVE_MATMUL_ROWS=<n>`` sets the limit instead (0 turns the C++
+matmul off).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+ENV = "PAGEDJAX_NATIVE_MATMUL_ROWS"
+CANDIDATE_ROWS = (8, 16, 32)
+MARGIN = 0.95  # C++ must take under 95% of XLA's time (a tie keeps XLA's path)
+FORMAT = 1     # version of the cache file's contents
+
+_lock = threading.Lock()
+_chosen: int | None = None
+
+
+def choose_rows(timings: Mapping[int, tuple[float, float]], margin: float = MARGIN) -> int:
+    """The largest row count r such that C++ beat XLA at every measured count <= r.
+
+    ``timings`` maps rows -> (C++ seconds, XLA seconds); 0 when C++ loses at the
+    smallest count (steps of up to r rows all use the C++ kernel, so a loss
+    below r would cost those steps)."""
+    rows = 0
+    for r in sorted(timings):
+        cpp, xla = timings[r]
+        if not cpp < margin * xla:
+            break
+        rows = r
+    return rows
+
+
+def measure(rows=CANDIDATE_ROWS, reps: int = 10, n_weights: int = 4, k: int = 576,
+            n: int = 1536) -> dict[int, tuple[float, float]]:
+    """rows -> (C++ s, XLA s): the best of ``reps`` jitted calls that each multiply
+    ``x [rows, k]`` by ``n_weights`` distinct ``[k, n]`` matrices; C++ and XLA alternate."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from kernels_pallas import cpu_native
+
+    rng = np.random.default_rng(0)
+    ws = [jnp.asarray(rng.standard_normal((k, n), np.float32) * 0.05) for _ in range(n_weights)]
+
+    def chain(mm):
+        return jax.jit(lambda x, ws: [mm(x, w) for w in ws])
+
+    fns = {"cpp": chain(cpu_native.matmul), "xla": chain(lambda x, w: x @ w)}
+    out = {}
+    for r in rows:
+        x = jnp.asarray(rng.standard_normal((r, k), np.float32))
+        best = {name: float("inf") for name in fns}
+        for name, f in fns.items():
+            jax.block_until_ready(f(x, ws))  # compile, warm
+        for i in range(reps):
+            for name in (("cpp", "xla") if i % 2 == 0 else ("xla", "cpp")):
+                t = time.perf_counter()
+                jax.block_until_ready(fns[name](x, ws))
+                best[name] = min(best[name], time.perf_counter() - t)
+        out[r] = (best["cpp"], best["xla"])
+    return out
+
+
+def cache_path(library: str | os.PathLike) -> Path:
+    """Where the limit for the kernel build at ``library`` (its .so) is cached."""
+    return Path(library).with_suffix(".matmul_rows.json")
+
+
+def read_cache(path: Path) -> int | None:
+    """The cached limit, or None when there is none or it is unreadable."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        return None
+    rows = data.get("rows")
+    if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
+        return None
+    return rows
+
+
+def write_cache(path: Path, rows: int, timings: Mapping[int, tuple[float, float]]) -> None:
+    """Write atomically (concurrent processes each write a whole file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {"format": FORMAT, "rows": int(rows), "margin": MARGIN,
+            "timings_s": {str(r): {"cpp": c, "xla": x} for r, (c, x) in timings.items()}}
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def env_override() -> int | None:
+    """``$PAGEDJAX_NATIVE_MATMUL_ROWS`` as a row count, None when unset."""
+    v = os.environ.get(ENV, "").strip()
+    if not v:
+        return None
+    try:
+        rows = int(v)
+    except ValueError:
+        rows = -1
+    if rows < 0:
+        raise ValueError(f"{ENV}={v!r}: expected a non-negative integer (the most rows a "
+                         "step may have to run its matmuls in the C++ kernel; 0: never)")
+    return rows
+
+
+def decide(library: str | os.PathLike | None, measure_fn=measure) -> int:
+    """The limit for the kernel build at ``library``: the environment's, else the
+    cached one, else measured (``measure_fn``) and cached. 0 without a library."""
+    override = env_override()
+    if override is not None:
+        return override
+    if library is None:
+        return 0
+    path = cache_path(library)
+    cached = read_cache(path)
+    if cached is not None:
+        return cached
+    timings = measure_fn()
+    rows = choose_rows(timings)
+    try:
+        write_cache(path, rows, timings)
+    except OSError:  # a read-only cache: measure again next process
+        pass
+    return rows
+
+
+def native_matmul_rows() -> int:
+    """This process's limit (decided once; 0 when the vectorized C++ matmul is not built)."""
+    global _chosen
+    with _lock:
+        if _chosen is None:
+            from kernels_pallas import cpu_native
+
+            info = cpu_native.build_info("cpu_kernels") if cpu_native.fast_matmul() else None
+            _chosen = decide(info["so"] if info else None)
+        return _chosen

@@ -1,0 +1,123 @@
+"""The per-machine row limit of the C++ few-row matmul (kernels_pallas/cpu_matmul_rows.py):
+the choice from timings, its cache beside the kernel build, the environment override,
+and the execution plan that uses it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from kernels_pallas import cpu_matmul_rows as cmr
+from kernels_pallas import cpu_native
+
+pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu",
+                                reason="the C++ matmul runs on the CPU platform")
+
+
+@pytest.mark.parametrize("timings, rows", [
+    ({8: (1.0, 2.0), 16: (2.0, 3.0), 32: (3.0, 4.0)}, 32),    # C++ wins everywhere
+    ({8: (1.0, 2.0), 16: (3.0, 2.0), 32: (3.0, 4.0)}, 8),     # loses at 16: stop there
+    ({8: (2.0, 1.0), 16: (1.0, 2.0), 32: (1.0, 2.0)}, 0),     # loses at the smallest: never
+    ({8: (0.97, 1.0), 16: (1.0, 2.0)}, 0),                    # within the margin: XLA keeps it
+    ({32: (1.0, 2.0), 8: (1.0, 2.0), 16: (1.0, 1.0)}, 8),     # order of the mapping is irrelevant
+    ({}, 0),
+])
+def test_choice_is_the_largest_count_up_to_which_cpp_always_wins(timings, rows):
+    assert cmr.choose_rows(timings) == rows
+
+
+def test_cache_round_trip_and_bad_files(tmp_path):
+    so = tmp_path / "cpu_kernels_0123.so"
+    path = cmr.cache_path(so)
+    assert path.parent == tmp_path and path.name == "cpu_kernels_0123.matmul_rows.json"
+    assert cmr.read_cache(path) is None  # none yet
+    cmr.write_cache(path, 16, {8: (1e-3, 2e-3), 16: (2e-3, 3e-3)})
+    assert cmr.read_cache(path) == 16
+    data = json.loads(path.read_text())
+    assert data["timings_s"]["16"] == {"cpp": 2e-3, "xla": 3e-3}
+    assert not list(tmp_path.glob("*.tmp"))
+    for bad in ("not json", "[1]", json.dumps({"format": 1, "rows": -1}),
+                json.dumps({"format": 1, "rows": "8"}), json.dumps({"format": 1, "rows": True}),
+                json.dumps({"format": 999, "rows": 8})):
+        path.write_text(bad)
+        assert cmr.read_cache(path) is None, bad
+
+
+def test_decide_measures_once_then_reads_the_cache(tmp_path, monkeypatch):
+    monkeypatch.delenv(cmr.ENV, raising=False)
+    so = tmp_path / "cpu_kernels_abc.so"
+    calls = []
+
+    def fake_measure():
+        calls.append(1)
+        return {8: (1.0, 2.0), 16: (1.0, 2.0), 32: (5.0, 2.0)}
+
+    assert cmr.decide(so, measure_fn=fake_measure) == 16
+    assert cmr.decide(so, measure_fn=fake_measure) == 16
+    assert len(calls) == 1 and cmr.read_cache(cmr.cache_path(so)) == 16
+    assert cmr.decide(None, measure_fn=fake_measure) == 0  # no vectorized build: never
+
+
+def test_environment_overrides_and_bad_values_say_what_to_change(tmp_path, monkeypatch):
+    so = tmp_path / "cpu_kernels_abc.so"
+
+    def no_measure():
+        raise AssertionError("the override must not measure")
+
+    for v, rows in (("0", 0), ("24", 24), (" 8 ", 8)):
+        monkeypatch.setenv(cmr.ENV, v)
+        assert cmr.decide(so, measure_fn=no_measure) == rows
+    assert not cmr.cache_path(so).exists()
+    for v in ("-1", "many", "2.5"):
+        monkeypatch.setenv(cmr.ENV, v)
+        with pytest.raises(ValueError, match="PAGEDJAX_NATIVE_MATMUL_ROWS.*non-negative integer"):
+            cmr.decide(so, measure_fn=no_measure)
+
+
+def test_real_measurement_gives_a_candidate_and_is_cached(tmp_path, monkeypatch):
+    if not cpu_native.fast_matmul():
+        pytest.skip(f"no vectorized C++ matmul here: {cpu_native.unavailable_reason()}")
+    monkeypatch.delenv(cmr.ENV, raising=False)
+    timings = cmr.measure(reps=2)
+    assert sorted(timings) == list(cmr.CANDIDATE_ROWS)
+    assert all(c > 0 and x > 0 for c, x in timings.values())
+    so = tmp_path / "cpu_kernels_real.so"
+    rows = cmr.decide(so, measure_fn=lambda: timings)
+    assert rows == cmr.choose_rows(timings) and rows in (0, *cmr.CANDIDATE_ROWS)
+
+
+def _plan_rows(env: dict) -> list[int]:
+    code = ("from pagedjax.runner import make_plan\n"
+            "print(make_plan('cpu_native').native_matmul_rows, make_plan('cpu_native')"
+            ".native_matmul_rows, make_plan('xla').native_matmul_rows)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, **env})
+    assert r.returncode == 0, r.stderr[-2000:]
+    return [int(v) for v in r.stdout.split()]
+
+
+def test_make_plan_uses_the_override_and_the_cached_choice(tmp_path):
+    if not cpu_native.fast_matmul():
+        pytest.skip(f"no vectorized C++ matmul here: {cpu_native.unavailable_reason()}")
+    assert _plan_rows({cmr.ENV: "12"}) == [12, 12, 0]
+    # Without the override: the cached choice of this build (written here, read there).
+    path = cmr.cache_path(cpu_native.build_info("cpu_kernels")["so"])
+    saved = path.read_bytes() if path.exists() else None
+    try:
+        cmr.write_cache(path, 8, {8: (1.0, 2.0)})
+        env = {k: v for k, v in os.environ.items() if k != cmr.ENV}
+        r = subprocess.run([sys.executable, "-c", "from pagedjax.runner import make_plan\n"
+                            "print(make_plan('cpu_native').native_matmul_rows)"],
+                           capture_output=True, text=True, timeout=300, env=env)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert int(r.stdout) == 8
+    finally:
+        if saved is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_bytes(saved)
