@@ -69,29 +69,48 @@ def attention(reps):
     return out
 
 
-def attention_scaling(reps, rows, layers=30, context=192, rounds=3):
+def _quantized_pools(pool, layers, kv_dtype):
+    """``layers`` distinct page pools of ``kv_dtype`` (f32, bf16, int8, fp8) and their scales."""
+    out = []
+    for i in range(layers):
+        p = pool + 0.01 * i
+        if kv_dtype in ("f32", "bf16"):
+            out.append((p.astype(jnp.float32 if kv_dtype == "f32" else jnp.bfloat16), None))
+            continue
+        top, dt = (127.0, jnp.int8) if kv_dtype == "int8" else (448.0, jnp.float8_e4m3fn)
+        sc = jnp.max(jnp.abs(p), axis=-1) / top
+        v = p / sc[..., None]
+        out.append(((jnp.round(v) if kv_dtype == "int8" else v).astype(dt), sc))
+    return out
+
+
+def attention_scaling(reps, rows, kv_dtypes=("f32",), layers=30, context=192, rounds=3):
     """Decode attention of a whole step: ``layers`` kernel calls, each on its own page pool
     (so the keys come from memory, as in a model), every row one token at ``context``;
-    row counts alternate order between rounds. Per row count: best ms, ms per row, and
-    the keys and values read per second."""
+    cases alternate order between rounds. Per row count and page dtype: best ms, ms per
+    row, and the keys and values read per second."""
     fn = jax.jit(lambda q, pools, *a: _chain(q, pools, a))
     cases = {}
     for r in rows:
         q, pool, *rest = _attention_case([1] * r, [context] * r, pages=-(-context // 16))
-        cases[r] = (q, [pool + i for i in range(layers)], *rest)
-        fn(*cases[r]).block_until_ready()
-    best = {r: float("inf") for r in rows}
+        for dt in kv_dtypes:
+            cases[r, dt] = (q, _quantized_pools(pool, layers, dt), *rest)
+            fn(*cases[r, dt]).block_until_ready()
+    best = {k: float("inf") for k in cases}
     for k in range(rounds):
-        for r in (rows if k % 2 == 0 else rows[::-1]):
-            best[r] = min(best[r], _best_ms(fn, cases[r], reps))
-    kv_bytes = 2 * 3 * 64 * 4 * context * layers  # K and V of 3 heads x 64 dims, f32, per row
-    return [{"rows": r, "layers": layers, "context": context, "ms": best[r],
-             "ms_per_row": best[r] / r, "kv_gb_s": r * kv_bytes / best[r] / 1e6} for r in rows]
+        for key in (list(cases) if k % 2 == 0 else list(cases)[::-1]):
+            best[key] = min(best[key], _best_ms(fn, cases[key], reps))
+    size = {"f32": 4, "bf16": 2, "int8": 1, "fp8": 1}
+    return [{"rows": r, "kv_dtype": dt, "layers": layers, "context": context, "ms": best[r, dt],
+             "ms_per_row": best[r, dt] / r,  # K and V of 3 heads x 64 dims per token and layer
+             "kv_gb_s": r * 2 * 3 * 64 * size[dt] * context * layers / best[r, dt] / 1e6}
+            for r, dt in cases]
 
 
 def _chain(q, pools, args):
-    for pool in pools:  # each layer's output is the next one's q: the calls run in turn
-        q = cpu_native.ragged_paged_attention(q, pool, *args, sm_scale=0.125, max_q_len=1)
+    for pool, scales in pools:  # each layer's output is the next one's q: the calls run in turn
+        q = cpu_native.ragged_paged_attention(q, pool, *args, sm_scale=0.125, max_q_len=1,
+                                              kv_scales=scales)
     return q
 
 
@@ -134,16 +153,20 @@ def main(argv=None) -> int:
     p.add_argument("--attention-rows", default="",
                    help="only the decode attention of a 30-layer step at these row counts "
                         "(e.g. 16,64,128,256)")
+    p.add_argument("--attention-kv-dtypes", default="f32",
+                   help="page dtypes for --attention-rows (f32,bf16,int8,fp8)")
     p.add_argument("--json", default=DEFAULT_JSON)
     ns = p.parse_args(argv)
     if not cpu_native.available():
         raise SystemExit(f"cpu_native is unavailable: {cpu_native.unavailable_reason()}")
     if ns.attention_rows:
-        sc = attention_scaling(ns.reps, [int(x) for x in ns.attention_rows.split(",")])
-        print(f"{'decode attention':<18}{'ms (30 layers)':>15}{'ms per row':>12}{'KV GB/s':>9}")
+        sc = attention_scaling(ns.reps, [int(x) for x in ns.attention_rows.split(",")],
+                               ns.attention_kv_dtypes.split(","))
+        print(f"{'decode attention':<18}{'pages':>6}{'ms (30 layers)':>15}{'ms per row':>12}"
+              f"{'KV GB/s':>9}")
         for r in sc:
-            print(f"{str(r['rows']) + ' rows':<18}{r['ms']:>15.1f}{r['ms_per_row']:>12.3f}"
-                  f"{r['kv_gb_s']:>9.1f}")
+            print(f"{str(r['rows']) + ' rows':<18}{r['kv_dtype']:>6}{r['ms']:>15.1f}"
+                  f"{r['ms_per_row']:>12.3f}{r['kv_gb_s']:>9.1f}")
         write_json({"benchmark": "cpu_kernels_attention_scaling", "jax": jax.__version__,
                     "attention_scaling": sc}, ns.json)
         return 0

@@ -155,14 +155,24 @@ void chunk_rows(const Problem& pr, const int32_t* table, int64_t kh, int kv, int
       if (pr.kv_type == kKVBF16) {
         const uint16_t* src = static_cast<const uint16_t*>(pr.kv) + off;
         for (int64_t i = 0; i < e; ++i) dst[i] = bf16_to_f32(src[i]);
-      } else if (pr.kv_type == kKVS8) {
+      } else if (pr.kv_type == kKVS8) {  // one scale per key row: a loop the compiler vectorizes
         const int8_t* src = static_cast<const int8_t*>(pr.kv) + off;
         const float* sc = pr.scales + off / D;
-        for (int64_t i = 0; i < e; ++i) dst[i] = float(src[i]) * sc[i / D];
+        for (int64_t c = 0; c < cnt; ++c) {
+          const float scale = sc[c];
+          const int8_t* s8 = src + c * D;
+          float* d32 = dst + c * D;
+          for (int64_t d = 0; d < D; ++d) d32[d] = float(s8[d]) * scale;
+        }
       } else {
         const uint8_t* src = static_cast<const uint8_t*>(pr.kv) + off;
         const float* sc = pr.scales + off / D;
-        for (int64_t i = 0; i < e; ++i) dst[i] = kFp8.v[src[i]] * sc[i / D];
+        for (int64_t c = 0; c < cnt; ++c) {
+          const float scale = sc[c];
+          const uint8_t* s8 = src + c * D;
+          float* d32 = dst + c * D;
+          for (int64_t d = 0; d < D; ++d) d32[d] = kFp8.v[s8[d]] * scale;
+        }
       }
       for (int64_t c = 0; c < cnt; ++c) rows[j + c] = dst + c * D;
     }

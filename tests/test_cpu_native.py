@@ -234,3 +234,29 @@ def test_instruction_set_paths_give_the_same_bits():
             x[:m], w)) for m in (3, 12)])  # <= 8 rows (K parts) and packed
     for a, b in zip(*outs):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("flags", cpu_native.default_flag_sets(), ids=_flag_id)
+@pytest.mark.parametrize("kv_dtype", ["f32", "bf16", "int8", "fp8"])
+def test_every_build_path_attends_like_the_reference(flags, kv_dtype):
+    """The attention of each instruction-set path (this CPU's full set, AVX2 + FMA,
+    portable), for every page dtype (the quantized ones widened a key row at a time),
+    against the jnp reference; paths this machine cannot run are skipped, naming why."""
+    lib = build_path(cpu_native.SOURCE, "cpu_kernels", flags)
+    target = f"pagedjax_attention_path_{abs(hash(tuple(flags)))}"
+    jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(lib.PagedjaxRaggedPagedAttention),
+                                platform="cpu")
+    q_dtype = jnp.float32 if kv_dtype == "f32" else jnp.bfloat16
+    args, kw = make_case(7, [1, 5, 1, 3], [9, 23, 40, 3], num_kv_heads=3, group=3, head_dim=64,
+                         page_size=16, kv_dtype=kv_dtype, q_dtype=q_dtype)
+    q, pages, kv_lens, table, cu, ns = args
+    scales = kw.get("kv_scales")
+    call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(q.shape, q.dtype))
+    out = call(q, pages, scales if scales is not None else jnp.zeros((1,), jnp.float32),
+               kv_lens, table, cu, jnp.reshape(ns, (1,)).astype(jnp.int32),
+               sm_scale=np.float32(0.125), sliding_window=np.int32(0), soft_cap=np.float32(0),
+               has_scales=np.int32(scales is not None))
+    ref = reference.ragged_paged_attention(*args, sm_scale=0.125, **kw)
+    out, ref = (np.asarray(jnp.asarray(x).astype(jnp.float32)) for x in (out, ref))
+    err = np.linalg.norm(out - ref) / np.linalg.norm(ref)
+    assert err < (2e-5 if kv_dtype == "f32" else 2e-2), f"relative error {err:.3g}"
