@@ -31,7 +31,7 @@ from pagedjax.output_processor import CoreOutput, SeqUpdate
 from pagedjax.request import Request
 from pagedjax.inputs import SampleRow
 from pagedjax.runner import Launched, Runner
-from pagedjax.sampler import RowState
+from pagedjax.sampler import RowState, static_row
 from pagedjax.sampling_params import SamplingParams
 from pagedjax.scheduler import Scheduler, SchedulerOutput
 
@@ -50,6 +50,16 @@ class _Sampling:
     keep_topk: bool  # beam search reads each step's top-k
     seqs: set[str]  # the request's live sequence ids
     grammar: Any = None  # structured outputs: a structured_outputs.GrammarState
+    statics: dict = dataclasses.field(default_factory=dict)  # index -> sampler.static_row
+
+    def fallback(self, index: int) -> int:
+        return (self.fallback_seed + 7919 * index) % (2**31 - 1)
+
+    def static(self, index: int) -> tuple:
+        st = self.statics.get(index)
+        if st is None:
+            st = self.statics[index] = static_row(self.params[index], self.fallback(index))
+        return st
 
     @property
     def serial(self) -> bool:
@@ -221,21 +231,20 @@ class EngineCore:
         return fl
 
     def _row_state(self, req: Request, sid: str, index: int, fork: bool) -> RowState:
-        rid = self._root[sid][0]
-        s = self._sampling[rid]
-        outputs = [] if fork else req.output_token_ids
+        s = self._sampling[self._root[sid][0]]
         # A grammar row whose previous token is still on the device gets its mask later
         # (_sample_deferred); until then every token is open.
-        waiting = s.grammar is not None and not fork and req.num_pending > 1
+        bits = None
+        if s.grammar is not None:
+            outputs = [] if fork else req.output_token_ids
+            waiting = not fork and req.num_pending > 1
+            bits = s.grammar.open_mask if waiting else s.grammar.mask(sid, outputs, fork)
         # Placeholders count as outputs (the seed counter); this row's own one does not.
         # The output list is passed as is, never copied: this runs per row per step.
-        return RowState(params=s.params[index], prompt_token_ids=req.prompt_token_ids,
-                        output_token_ids=outputs,
-                        num_placeholders=0 if fork else req.num_pending - 1,
-                        fallback_seed=(s.fallback_seed + 7919 * index) % (2**31 - 1),
-                        eos_token_ids=self.eos_token_ids, bad_words_token_ids=s.bad_words_ids,
-                        grammar_bits=None if s.grammar is None else s.grammar.open_mask
-                        if waiting else s.grammar.mask(sid, outputs, fork))
+        return RowState(s.params[index], req.prompt_token_ids,
+                        [] if fork else req.output_token_ids, s.fallback(index),
+                        self.eos_token_ids, s.bad_words_ids,
+                        0 if fork else req.num_pending - 1, bits, s.static(index))
 
     def _launch(self, sched: SchedulerOutput, out: CoreOutput) -> _InFlight:
         now = time.time()
@@ -248,32 +257,35 @@ class EngineCore:
         prompt_tokens: dict[str, list[int]] = {}
         prompt_starts: dict[str, int] = {}
         lora_slots = [] if self.lora_slot is not None else None
+        get_request, root, sampling = self.scheduler.get_request, self._root, self._sampling
+        first_scheduled, cached = out.first_scheduled, out.num_cached_tokens
         for i, row in enumerate(sched.rows):
-            req = self.scheduler.get_request(row.request_id)
+            sid = row.request_id
+            req = get_request(sid)
             if lora_slots is not None:
                 lora_slots.append(self.lora_slot(req.lora_int_id))
-            rid, idx = self._root[row.request_id]
-            out.first_scheduled.setdefault(rid, now)  # kept only the first time
-            out.num_cached_tokens[rid] = max(out.num_cached_tokens.get(rid, 0),
-                                             req.num_cached_tokens)
-            s = self._sampling[rid]
+            rid, idx = root[sid]
+            if rid not in first_scheduled:
+                first_scheduled[rid] = now  # kept only the first time
+            if cached.get(rid, -1) < req.num_cached_tokens:
+                cached[rid] = req.num_cached_tokens
+            s = sampling[rid]
             if s.prompt_logprobs is not None and row.start_pos < req.num_prompt_tokens:
-                prompt_lp[row.request_id] = s.prompt_logprobs
-                prompt_tokens[row.request_id] = req.prompt_token_ids
-                prompt_starts[row.request_id] = row.start_pos
+                prompt_lp[sid] = s.prompt_logprobs
+                prompt_tokens[sid] = req.prompt_token_ids
+                prompt_starts[sid] = row.start_pos
             if row.num_samples == 0:
                 continue
             fork = row.num_samples > 1
             lp = s.params[0].logprobs
-            first.append(SampleRow(row.request_id, i, self._row_state(req, row.request_id,
-                                                                      0 if fork else idx, fork), lp))
+            first.append(SampleRow(sid, i, self._row_state(req, sid, 0 if fork else idx, fork),
+                                   lp))
             if s.grammar is not None and not fork and req.num_pending > 1:
-                deferred.append((len(first) - 1, row.request_id, idx))
-            targets_first.append((row.request_id, rid, 0 if fork else idx))
+                deferred.append((len(first) - 1, sid, idx))
+            targets_first.append((sid, rid, 0 if fork else idx))
             for j in range(1, row.num_samples):
-                extra.append(SampleRow(row.request_id, i,
-                                       self._row_state(req, row.request_id, j, True), lp))
-                targets_extra.append((row.request_id, rid, j))
+                extra.append(SampleRow(sid, i, self._row_state(req, sid, j, True), lp))
+                targets_extra.append((sid, rid, j))
         # Each row's first sample comes first, so a row's index in this step's
         # sampled tokens is < max_num_seqs (the next step's placeholder source).
         token_src = {t[0]: j for j, t in enumerate(targets_first)}
@@ -305,59 +317,68 @@ class EngineCore:
     def _complete(self, fl: _InFlight, out: CoreOutput) -> None:
         if isinstance(fl.launched, Launched):
             res = self.runner.fetch(fl.launched)
-            tokens = [[int(res.token_ids[j])] for j in range(len(fl.targets))]
+            ids = res.token_ids[:len(fl.targets)].tolist()
+            tokens = None
             spec = None
         else:  # a speculative step: each row emits its accepted tokens + 1
             res = self.speculator.fetch(fl.launched)
             tokens = res.tokens
+            ids = None
             spec = {r.request_id: (r.num_spec, self.scheduler.get_request(r.request_id))
                     for r in fl.sched.rows if r.num_spec}
             spec = {sid: (n, req, req.num_output_tokens) for sid, (n, req) in spec.items()
                     if req is not None}
         sampled: dict[str, list[int]] = {}
-        for j, (sid, _, _) in enumerate(fl.targets):
-            sampled.setdefault(sid, []).extend(tokens[j])
-        for sid, arrays in res.prompt_logprobs.items():
-            rid = self._root.get(sid, (None,))[0]
-            if rid is not None:
-                out.prompt_logprobs[rid] = (fl.prompt_starts[sid],) + tuple(arrays)
-        changed = self.scheduler.update(fl.sched, sampled)
         first_of: dict[str, int] = {}  # seq id -> its sampling row
         extra_of: dict[tuple[str, int], int] = {}  # (parent seq id, sample index) -> row
         for j, (sid, _, idx) in enumerate(fl.targets):
             if sid in first_of:
                 extra_of[(sid, idx)] = j
+                sampled[sid].extend(tokens[j] if tokens is not None else (ids[j],))
             else:
                 first_of[sid] = j
+                sampled[sid] = list(tokens[j]) if tokens is not None else [ids[j]]
+        for sid, arrays in res.prompt_logprobs.items():
+            rid = self._root.get(sid, (None,))[0]
+            if rid is not None:
+                out.prompt_logprobs[rid] = (fl.prompt_starts[sid],) + tuple(arrays)
+        changed = self.scheduler.update(fl.sched, sampled)
         # n > 1 children forked by this update join their request first: the parent
         # may finish on this very token (and be forgotten) while they go on.
+        if extra_of:
+            for req in changed:
+                if (req.request_id not in first_of and req.parent_id in self._root
+                        and (req.parent_id, req.sample_index) in extra_of):
+                    self._join(req.request_id, self._root[req.parent_id][0], req.sample_index)
+        if spec is None:
+            logprob, rank = res.logprob.tolist(), res.rank.tolist()
         for req in changed:
-            if (req.request_id not in first_of and req.parent_id in self._root
-                    and (req.parent_id, req.sample_index) in extra_of):
-                self._join(req.request_id, self._root[req.parent_id][0], req.sample_index)
-        for req in changed:
-            j = first_of.get(req.request_id)
+            sid = req.request_id
+            j = first_of.get(sid)
             if j is None:
                 j = extra_of.get((req.parent_id, req.sample_index))
-            if j is None or req.request_id not in self._root:
+            root = self._root.get(sid)
+            if j is None or root is None:
                 continue
-            rid, idx = self._root[req.request_id]
+            rid, idx = root
             s = self._sampling.get(rid)
             if s is not None and s.grammar is not None and not req.is_finished:
                 self._advance_grammar(s.grammar, req)
             if spec is not None:
                 self._spec_updates(req, rid, idx, j, tokens[j], res, spec, out)
                 continue
-            up = SeqUpdate(req.request_id, rid, idx, [int(res.token_ids[j])],
-                           float(res.logprob[j]), int(res.rank[j]), res.topk_ids[j],
-                           res.topk_logprobs[j], req.finish_reason, req.stop_reason)
+            wants_lp = s is not None and s.params[0].logprobs is not None
+            up = SeqUpdate(sid, rid, idx, [ids[j]], logprob[j], rank[j],
+                           res.topk_ids[j] if wants_lp else (),
+                           res.topk_logprobs[j] if wants_lp else (),
+                           req.finish_reason, req.stop_reason)
             if s is not None and s.keep_topk:
                 k = s.params[0].logprobs
-                self._topk[req.request_id] = {int(t): float(v) for t, v in
-                                              zip(res.topk_ids[j][:k], res.topk_logprobs[j][:k])}
+                self._topk[sid] = {int(t): float(v) for t, v in
+                                   zip(res.topk_ids[j][:k], res.topk_logprobs[j][:k])}
             out.updates.append(up)
-            if req.is_finished:
-                self._forget_seq(req.request_id)
+            if req.finish_reason is not None:
+                self._forget_seq(sid)
 
     def _advance_grammar(self, grammar: Any, req: Request) -> None:
         """Feed a constrained sequence's new token to its matcher; a complete grammar

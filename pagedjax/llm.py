@@ -8,7 +8,7 @@ from typing import Any, Sequence
 from pagedjax.config import EngineArgs
 from pagedjax.engine import LLMEngine
 from pagedjax.outputs import BeamSearchOutput, RequestOutput
-from pagedjax.sampling_params import BeamSearchParams, SamplingParams
+from pagedjax.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 
 class LLM:
@@ -56,6 +56,7 @@ class LLM:
             if len(params) != len(prompts):
                 raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts; "
                                  "give one, or one per prompt")
+        params = _final_only(params)
         if priority is not None and len(priority) != len(prompts):
             raise ValueError("priority must have one entry per prompt")
         loras = list(lora_request) if isinstance(lora_request, (list, tuple)) \
@@ -82,12 +83,13 @@ class LLM:
         engine = self.llm_engine
         finished: dict[str, RequestOutput] = {}
         bar = tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm)
+        wanted = set(ids)
         try:
             while len(finished) < len(ids):
                 if not engine.has_unfinished_requests():
                     break
                 for out in engine.step():
-                    if out.finished and out.request_id in set(ids):
+                    if out.finished and out.request_id in wanted:
                         finished[out.request_id] = out
                         bar.update(1)
         except BaseException:
@@ -129,3 +131,19 @@ class LLM:
         st = self.llm_engine.pool_stats()
         return {"pool": st, "num_steps": self.llm_engine.num_steps,
                 "kv_waste": self.llm_engine.scheduler.kv_waste()}
+
+
+def _final_only(params: list[SamplingParams]) -> list[SamplingParams]:
+    """``generate`` returns final outputs only (as vLLM's LLM does): the engine then
+    builds no per-step output for these requests. Copies, one per distinct object;
+    the caller's parameters are left as they are."""
+    copies: dict[int, SamplingParams] = {}
+    out = []
+    for p in params:
+        if p.output_kind != RequestOutputKind.FINAL_ONLY:
+            if id(p) not in copies:
+                q = copies[id(p)] = p.clone()
+                q.output_kind = RequestOutputKind.FINAL_ONLY
+            p = copies[id(p)]
+        out.append(p)
+    return out

@@ -14,7 +14,6 @@ bounded cache), not one ``tokenizer.decode([id])`` per token.
 from __future__ import annotations
 
 import collections
-import copy
 import dataclasses
 import time
 from typing import Any
@@ -23,7 +22,7 @@ import numpy as np
 
 from pagedjax import tokenizer as tok_mod
 from pagedjax.outputs import CompletionOutput, RequestMetrics, RequestOutput, make_logprobs_dict
-from pagedjax.sampling_params import SamplingParams
+from pagedjax.sampling_params import RequestOutputKind, SamplingParams
 
 
 @dataclasses.dataclass
@@ -150,8 +149,9 @@ class OutputProcessor:
                 self._add_prompt_logprobs(st, chunk)
         touched: dict[str, _ReqState] = {}
         stops: list[tuple[str, str]] = []
+        states = self._states
         for up in core.updates:
-            st = self._states.get(up.request_id)
+            st = states.get(up.request_id)
             if st is None:
                 continue
             seq = st.seqs[up.index]
@@ -173,36 +173,43 @@ class OutputProcessor:
                 seq.text = seq.stop.text
             touched[up.request_id] = st
         outputs = []
+        final_only = RequestOutputKind.FINAL_ONLY
         for rid, st in touched.items():
-            if all(s.finish_reason is not None for s in st.seqs.values()):
+            seqs = st.seqs
+            if (seqs[0].finish_reason is not None if len(seqs) == 1 else
+                    all(s.finish_reason is not None for s in seqs.values())):
                 st.finished = True
                 st.metrics.finished_time = now
                 self.finished_metrics.append(st.metrics)
-                self._states.pop(rid, None)
+                states.pop(rid, None)
+            elif st.params.output_kind == final_only:
+                continue  # nobody reads it before the end
             outputs.append(self._make_output(st))
         return outputs, stops
 
     def _append(self, st: _ReqState, seq: _Seq, up: SeqUpdate, now: float) -> str | None:
         """Add the new tokens; returns the stop string matched, if any."""
-        if st.metrics.first_token_time is None:
-            st.metrics.first_token_time = now
-        st.metrics.last_token_time = now
-        seq.cumulative_logprob += float(up.logprob)
+        m = st.metrics
+        if m.first_token_time is None:
+            m.first_token_time = now
+        m.last_token_time = now
+        seq.cumulative_logprob += up.logprob
         if seq.logprobs is not None:
             k = seq.params.logprobs
             seq.logprobs.append(make_logprobs_dict(
                 up.new_token_ids[0], float(up.logprob), int(up.rank), up.topk_ids[:k],
                 up.topk_logprobs[:k], self._decoded.get))
         matched = None
+        stop, detok = seq.stop, seq.detok if seq.params.detokenize else None
         for tok in up.new_token_ids:
             seq.token_ids.append(tok)
             self.num_generated_tokens += 1
-            delta = seq.detok.add([tok]) if seq.params.detokenize else ""
-            matched = seq.stop.add(delta)
+            matched = stop.add(detok.add(tok) if detok is not None else "")
             if matched is not None:
                 seq.finish_reason, seq.stop_reason = "stop", matched
                 break
-        seq.text = seq.stop.text if seq.finish_reason else seq.stop.text[:seq.stop.num_safe_chars]
+        seq.text = stop.text if seq.finish_reason or not stop.stop \
+            else stop.text[:stop.num_safe_chars]
         return matched
 
     def _add_prompt_logprobs(self, st: _ReqState, chunk: tuple) -> None:
@@ -247,16 +254,11 @@ class OutputProcessor:
     @staticmethod
     def _make_output(st: _ReqState) -> RequestOutput:
         outs = []
-        for i in sorted(st.seqs):
-            s = st.seqs[i]
+        for i, s in st.seqs.items():  # created in index order
             outs.append(CompletionOutput(
-                index=i, text=s.text, token_ids=list(s.token_ids),
-                cumulative_logprob=s.cumulative_logprob if s.logprobs is not None else None,
-                logprobs=list(s.logprobs) if s.logprobs is not None else None,
-                finish_reason=s.finish_reason, stop_reason=s.stop_reason))
-        return RequestOutput(request_id=st.request_id, prompt=st.prompt,
-                             prompt_token_ids=st.prompt_token_ids,
-                             prompt_logprobs=st.prompt_logprobs, outputs=outs,
-                             finished=st.finished, metrics=copy.copy(st.metrics),
-                             num_cached_tokens=st.num_cached_tokens)
-
+                i, s.text, s.token_ids.copy(),
+                s.cumulative_logprob if s.logprobs is not None else None,
+                s.logprobs.copy() if s.logprobs is not None else None,
+                s.finish_reason, s.stop_reason))
+        return RequestOutput(st.request_id, st.prompt, st.prompt_token_ids, st.prompt_logprobs,
+                             outs, st.finished, st.metrics.snapshot(), st.num_cached_tokens)

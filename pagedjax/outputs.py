@@ -80,6 +80,12 @@ class RequestMetrics:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
 
+    def snapshot(self) -> "RequestMetrics":
+        """A copy (outputs carry the times as of their step)."""
+        new = object.__new__(RequestMetrics)
+        new.__dict__.update(self.__dict__)
+        return new
+
     @property
     def acceptance_rate(self) -> Optional[float]:
         """Accepted / proposed tokens (None without proposals)."""

@@ -40,7 +40,7 @@ Extra fields beyond the brief, used by the scheduler / page pool:
     num_registered_pages  how many leading pages were offered to the cache
     first_scheduled       set on first admission (num_cached_tokens is
                           recorded then, not again after a preemption)
-Methods: get_token_ids(start, end), append_output_token, check_stop(max_len),
+Methods: get_token_ids(start, end), token_at(pos), append_output_token, check_stop(max_len),
 finish(status, stop_reason), fork(new_id, sample_index) (no pages).
 """
 
@@ -168,6 +168,14 @@ class Request:
         if start >= p:
             return self.output_token_ids[start - p:end - p] + pad
         return self.prompt_token_ids[start:] + self.output_token_ids[:end - p] + pad
+
+    def token_at(self, pos: int) -> int:
+        """all_token_ids[pos], or -1 for a placeholder (the decode row's fast path)."""
+        p = len(self.prompt_token_ids)
+        if pos < p:
+            return self.prompt_token_ids[pos]
+        pos -= p
+        return self.output_token_ids[pos] if pos < len(self.output_token_ids) else -1
 
     # ---- lifecycle ---------------------------------------------------------
     def append_output_token(self, token_id: int) -> None:

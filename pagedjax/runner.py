@@ -121,6 +121,9 @@ class Runner:
         self.step_times: collections.deque[float] = collections.deque(maxlen=1 << 16)
         self.step_shapes: collections.deque[tuple] = collections.deque(maxlen=1 << 16)
         self.num_steps = 0
+        # Seconds spent inside the jitted calls' dispatch (on CPU, XLA runs a cheap
+        # program inline in that call, so this is device time on the host thread).
+        self.dispatch_seconds = 0.0
         self.s_max = pow2(max_num_seqs, 1)  # rows per step, padded: the token source width
         self._no_tokens = jnp.zeros(self.s_max, jnp.int32)
         CompileCounter.install()
@@ -234,16 +237,20 @@ class Runner:
                               sampler_mod.variant_key(st)))
         sbufs, sspec = pack((st, pending.sample_index))
         sbufs = jax.device_put(sbufs)
+        t0 = time.perf_counter()
         out, tokens = self._sample(pending.logits, sbufs, spec=sspec,
                                    num_logprobs=pending.num_logprobs)
+        self.dispatch_seconds += time.perf_counter() - t0
         return Launched(out, pending.plp, tokens, pending.cu_q_lens, pending.row_ids,
                         pending.prompt_lp, pending.t0)
 
     def _run_model(self, rows, batch, prompt_k, shape, prev_tokens):
         bbufs, bspec = pack(batch)
         bbufs = jax.device_put(bbufs)  # one copy per dtype
+        t0 = time.perf_counter()
         logits, plp, self.kv_caches = self._step(self.params, self.kv_caches, bbufs, prev_tokens,
                                                  spec=bspec, plan=self.plan, prompt_k=prompt_k)
+        self.dispatch_seconds += time.perf_counter() - t0
         self.num_steps += 1
         self.step_shapes.append((batch.meta.max_q_len == 1, shape[1], shape[0], len(rows),
                                  sum(len(r.token_ids) for r in rows)))

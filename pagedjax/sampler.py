@@ -86,10 +86,30 @@ class RowState:
     bad_words_token_ids: Sequence[Sequence[int]] = ()
     num_placeholders: int = 0
     grammar_bits: Optional[np.ndarray] = None
+    # static_row(params, fallback_seed) when the caller keeps it between steps
+    # (it never changes for a sequence); computed here otherwise.
+    static: Optional[tuple] = None
 
     @property
     def num_outputs(self) -> int:
         return len(self.output_token_ids) + self.num_placeholders
+
+
+def static_row(params: SamplingParams, fallback_seed: int) -> tuple:
+    """The part of a row's sampling state that never changes for a sequence:
+    (greedy, temperature, top_k (0 = off), top_p, min_p, key words (2),
+    extras), ``extras`` telling whether the row needs the per-step slow path
+    (penalties, bans before ``min_tokens``, bad words, logit bias, allowed ids)."""
+    p = params
+    greedy = p.temperature < SAMPLING_EPS
+    hi, lo = _seed_words(p.seed if p.seed is not None else fallback_seed)
+    extras = bool(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0
+                  or p.min_tokens or p.logit_bias or p.allowed_token_ids is not None
+                  or p.bad_words)
+    if greedy:
+        return (True, 1.0, 0, 1.0, 0.0, hi, lo, extras)
+    return (False, p.temperature, p.top_k if p.top_k > 0 else 0, p.top_p, p.min_p, hi, lo,
+            extras)
 
 
 @dataclass
@@ -227,36 +247,42 @@ def build_sampling_tensors(rows: Sequence[RowState], num_rows_padded: int, vocab
     R, V = num_rows_padded, vocab_size
     if len(rows) > R:
         raise ValueError(f"got {len(rows)} rows for num_rows_padded={R}; raise num_rows_padded.")
-    temperature = np.ones(R, np.float32)
+    n = len(rows)
+    statics = [row.static or static_row(row.params, row.fallback_seed) for row in rows]
+    cols = list(zip(*statics)) if statics else [()] * 8
     greedy = np.ones(R, bool)
+    greedy[:n] = cols[0]
+    temperature = np.ones(R, np.float32)
+    temperature[:n] = cols[1]
     top_k = np.full(R, V, np.int32)
     top_p = np.ones(R, np.float32)
     min_p = np.zeros(R, np.float32)
+    if n:
+        k = np.asarray(cols[2], np.int64)
+        top_k[:n] = np.where((k > 0) & (k < V), k, V)
+        top_p[:n] = cols[3]
+        min_p[:n] = cols[4]
     key_data = np.zeros((R, 2), np.uint32)
+    key_data[:n, 0] = cols[5]
+    key_data[:n, 1] = cols[6]
     counter = np.zeros(R, np.int32)
+    counter[:n] = [len(row.output_token_ids) + row.num_placeholders for row in rows]
+    use_tkp = bool(n) and bool(((top_k[:n] < V) | (top_p[:n] < 1.0)).any())
+    use_min_p = bool(n) and bool((min_p[:n] > 0.0).any())
     pen = np.zeros((3, R), np.float32)
     pen[2] = 1.0
-    use_pen = use_edits = use_allowed = use_min_p = use_tkp = False
+    use_pen = use_edits = use_allowed = False
     edits: dict[int, tuple[list[int], list[float]]] = {}
     allowed: dict[int, list[int]] = {}
     grammar: dict[int, np.ndarray] = {}
     hist: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     for r, row in enumerate(rows):
+        if row.grammar_bits is not None:
+            grammar[r] = row.grammar_bits
+            use_allowed = True
+        if not statics[r][7] and not row.bad_words_token_ids:
+            continue  # the common row: nothing more to do
         p = row.params
-        counter[r] = row.num_outputs
-        key_data[r] = _seed_words(p.seed if p.seed is not None else row.fallback_seed)
-        if p.temperature >= SAMPLING_EPS:
-            greedy[r] = False
-            temperature[r] = p.temperature
-            if 0 < p.top_k < V:
-                top_k[r] = p.top_k
-                use_tkp = True
-            if p.top_p < 1.0:
-                top_p[r] = p.top_p
-                use_tkp = True
-            if p.min_p > 0.0:
-                min_p[r] = p.min_p
-                use_min_p = True
         if p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0:
             pen[:, r] = (p.presence_penalty, p.frequency_penalty, p.repetition_penalty)
             hist[r] = _history_tokens(row)
@@ -274,9 +300,6 @@ def build_sampling_tensors(rows: Sequence[RowState], num_rows_padded: int, vocab
             use_edits = True
         if p.allowed_token_ids is not None:
             allowed[r] = p.allowed_token_ids
-            use_allowed = True
-        if row.grammar_bits is not None:
-            grammar[r] = row.grammar_bits
             use_allowed = True
     H = history_len if use_pen else 0
     hist_ids, hist_counts = _pack_history(hist, R, V, H)

@@ -255,33 +255,37 @@ class Scheduler:
         if not out.preempted_ids:
             self._schedule_waiting(rows, budget)
         out.rows = list(rows.values())
-        out.page_copies = [c for rid in rows for c in copies.get(rid, ())]
+        if copies:
+            out.page_copies = [c for rid in rows for c in copies.get(rid, ())]
         out.num_batched_tokens = sum(len(r.token_ids) for r in out.rows)
         return out
 
     def _schedule_running(self, rows, copies, preempted) -> int:
         budget = self.max_num_batched_tokens
+        running, max_rows = self.running, self.max_num_seqs
         i = 0
-        while i < len(self.running) and budget > 0 and len(rows) < self.max_num_seqs:
-            req = self.running[i]
-            num_new = min(req.num_tokens_with_pending + len(req.spec_token_ids)
-                          - req.num_computed_tokens, budget)
-            if num_new <= 0 or self._length_capped(req):
+        while i < len(running) and budget > 0 and len(rows) < max_rows:
+            req = running[i]
+            num_new = min(len(req.prompt_token_ids) + len(req.output_token_ids) + req.num_pending
+                          + len(req.spec_token_ids) - req.num_computed_tokens, budget)
+            if num_new <= 0 or (req.num_pending and self._length_capped(req)):
                 i += 1
                 continue
             cow = self._reserve(req, num_new)
             while cow is None:
                 victim = self._pick_victim()
-                vi = self.running.index(victim)
+                vi = running.index(victim)
                 if vi < i:
                     i -= 1
                 budget += self._preempt(victim, rows, copies, preempted)
+                running = self.running
                 if victim is req:
                     break
                 cow = self._reserve(req, num_new)
             if cow is None:
                 continue  # req itself was preempted; running[i] is the next one
-            copies[req.request_id] = cow
+            if cow:
+                copies[req.request_id] = cow
             rows[req.request_id] = self._make_row(req, num_new)
             budget -= num_new
             i += 1
@@ -345,9 +349,19 @@ class Scheduler:
     def _reserve(self, req: Request, num_new: int) -> list[tuple[int, int]] | None:
         """Pages (and CoW copies) so req can write num_new tokens; None if short."""
         ps, pool, table = self.page_size, self.pool, req.page_ids
-        end = req.num_computed_tokens + num_new
+        start = req.num_computed_tokens
+        if num_new == 1:  # a decode row: at most one page written, at most one new
+            j = start // ps
+            if j == len(table):
+                if pool.num_allocatable < 1:
+                    return None
+                table.extend(pool.allocate(1))
+                return []
+            if j < len(table) and pool.ref_count(table[j]) <= 1:
+                return []  # the page is there and not shared (else: copy-on-write below)
+        end = start + num_new
         need = max(0, _cdiv(end, ps) - len(table))
-        written = range(req.num_computed_tokens // ps, min(len(table), _cdiv(end, ps)))
+        written = range(start // ps, min(len(table), _cdiv(end, ps)))
         shared = [j for j in written if pool.ref_count(table[j]) > 1]
         if need + len(shared) > pool.num_allocatable:
             return None
@@ -393,14 +407,20 @@ class Scheduler:
         """The row, with the request advanced past it (and a placeholder if it samples)."""
         start = req.num_computed_tokens
         samples = 0
-        known = req.num_tokens_with_pending - start
-        spec = req.spec_token_ids[:max(0, num_new - known)]
-        req.spec_token_ids = []
-        if start + num_new >= req.num_tokens_with_pending:
+        with_pending = len(req.prompt_token_ids) + len(req.output_token_ids) + req.num_pending
+        if req.spec_token_ids:
+            spec = req.spec_token_ids[:max(0, num_new - (with_pending - start))]
+            req.spec_token_ids = []
+        else:
+            spec = ()
+        if start + num_new >= with_pending:
             samples = req.n if self._samples_n(req) else 1
-        row = ScheduledRow(req.request_id,
-                           req.get_token_ids(start, start + num_new - len(spec)) + spec,
-                           start, list(req.page_ids), samples, len(spec))
+        if num_new == 1 and not spec:  # a decode row
+            tokens = [req.token_at(start)]
+        else:
+            tokens = req.get_token_ids(start, start + num_new - len(spec)) + list(spec)
+        row = ScheduledRow(req.request_id, tokens, start, req.page_ids.copy(), samples,
+                           len(spec))
         req.num_computed_tokens = start + num_new
         if samples:
             req.num_pending += 1
@@ -410,17 +430,21 @@ class Scheduler:
     def update(self, output: SchedulerOutput, sampled: dict[str, list[int]]) -> list[Request]:
         changed: list[Request] = []
         finished_waiting = []
+        requests, caching = self.requests, self.enable_prefix_caching
+        running = RequestStatus.RUNNING
+        any_finished = False
         for row in output.rows:
-            req = self.requests.get(row.request_id)
+            req = requests.get(row.request_id)
             if req is None:
                 continue  # finished or aborted since it was scheduled
-            if self.enable_prefix_caching and req.status == RequestStatus.RUNNING:
+            if caching and req.status is running:
                 self._register(req)
             if row.num_samples == 0:
                 continue
-            tokens = list(sampled.get(row.request_id, ()))
+            tokens = sampled.get(row.request_id, ())
             if row.num_spec:
-                self._update_spec(req, row, tokens, changed)
+                self._update_spec(req, row, list(tokens), changed)
+                any_finished = True  # cheap to re-check below
                 continue
             if not 1 <= len(tokens) <= row.num_samples:
                 raise ValueError(f"request {row.request_id!r}: expected {row.num_samples} "
@@ -429,19 +453,23 @@ class Scheduler:
                 raise ValueError(f"request {row.request_id!r}: update() without a placeholder; "
                                  "call update() once per schedule(), in order")
             req.num_pending -= 1
-            end = row.start_pos + len(row.token_ids)
-            family = [req] + self._fork_children(req, len(tokens) - 1, end)
+            if len(tokens) == 1:
+                family = (req,)
+            else:
+                end = row.start_pos + len(row.token_ids)
+                family = [req] + self._fork_children(req, len(tokens) - 1, end)
             for member, token in zip(family, tokens):
-                member.append_output_token(token)
-                was_waiting = member.status != RequestStatus.RUNNING
+                member.output_token_ids.append(int(token))
+                was_waiting = member.status is not running
                 if member.check_stop(min(member.max_model_len, self.max_seq_len)):
+                    any_finished = True
                     if was_waiting:
                         finished_waiting.append(member)
                     self._release(member)
                 changed.append(member)
         for req in finished_waiting:
             self.waiting.remove(req)
-        if any(r.is_finished for r in changed):
+        if any_finished:
             self.running = [r for r in self.running if not r.is_finished]
         return changed
 

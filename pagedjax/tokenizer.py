@@ -437,11 +437,13 @@ class IncrementalDetokenizer:
 
     def add(self, new_token_ids: Union[int, Sequence[int]]) -> str:
         """Append generated ids; return the text they complete (may be "")."""
+        ids = self.token_ids
         if isinstance(new_token_ids, int):
-            new_token_ids = [new_token_ids]
-        self.token_ids.extend(int(t) for t in new_token_ids)
-        prefix_text = self._decode(self.token_ids[self.prefix_offset:self.read_offset])
-        full_text = self._decode(self.token_ids[self.prefix_offset:])
+            ids.append(new_token_ids)
+        else:
+            ids.extend(int(t) for t in new_token_ids)
+        prefix_text = self._decode(ids[self.prefix_offset:self.read_offset])
+        full_text = self._decode(ids[self.prefix_offset:])
         if len(full_text) <= len(prefix_text) or full_text.endswith(_REPLACEMENT):
             return ""  # nothing new, or a character still incomplete: wait
         delta = full_text[len(prefix_text):]
@@ -482,12 +484,13 @@ class StopChecker:
         self._sent = 0
 
     def add(self, delta: str) -> Optional[str]:
+        if not self.stop:  # nothing to find
+            self.text += delta
+            return None
         if self.stopped is not None:
             return self.stopped
         start = max(len(self.text) - self.max_len + 1, 0)
         self.text += delta
-        if not self.stop:
-            return None
         best: Optional[tuple[int, str]] = None
         for s in self.stop:
             i = self.text.find(s, start)
