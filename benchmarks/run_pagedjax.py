@@ -36,7 +36,10 @@ def _drive(engine, reqs, params_of, tag: str, sample_every_step=None) -> tuple[d
     ids = []
     for i, (prompt, out_len) in enumerate(reqs):
         rid = f"{tag}-{i}"
-        engine.add_request(rid, {"prompt_token_ids": prompt}, params_of(out_len))
+        # Its own cache salt: requests share pages only by forking (n > 1), never through
+        # the prefix cache (on by default), so the sharing figure means what it says.
+        engine.add_request(rid, {"prompt_token_ids": prompt, "cache_salt": rid},
+                           params_of(out_len))
         ids.append(rid)
     done = {}
     while engine.has_unfinished_requests():
@@ -77,10 +80,13 @@ def run_pagedjax(reqs, ns) -> tuple[dict, object]:
     max_len = max(len(p) + o for p, o in reqs)
     mml = ns.max_model_len or max(128, -(-(max_len + 1) // 16) * 16)
     t = time.perf_counter()
+    extra = {}
+    if getattr(ns, "prefix_caching", "default") != "default":
+        extra["enable_prefix_caching"] = ns.prefix_caching == "on"
     llm = LLM(model=ns.model, max_model_len=mml, max_num_seqs=ns.max_num_seqs,
               attention_backend=ns.attention_backend,
               max_num_batched_tokens=ns.max_num_batched_tokens, num_pages=ns.num_pages,
-              seed=ns.seed)
+              seed=ns.seed, **extra)
     load_s = time.perf_counter() - t
     engine = llm.llm_engine
     runner, sched = engine.runner, engine.scheduler
@@ -127,6 +133,7 @@ def run_pagedjax(reqs, ns) -> tuple[dict, object]:
     res = _summary(
         "pagedjax", reqs, dur, ttfts, tpots,
         load_s=load_s, warmup=ns.warmup, warmup_s=warmup_s,
+        prefix_caching=engine.args.enable_prefix_caching,
         warmup_shapes=None if shapes is None else len(shapes),
         warmup_compilations=warmup_compiles, compilations_after_warmup=compiles,
         num_steps=engine.num_steps - n_steps0,

@@ -300,6 +300,8 @@ def parse_args(argv=None):
     p.add_argument("--num-pages", type=int, default=None)
     p.add_argument("--attention-backend", default="auto",
                    help="pagedjax attention_backend (auto: cpu_native on CPU when it builds)")
+    p.add_argument("--prefix-caching", choices=("default", "on", "off"), default="default",
+                   help="pagedjax enable_prefix_caching (default: the engine's default)")
     p.add_argument("--warmup", choices=("shapes", "pass"), default="shapes",
                    help="shapes: compile the step shapes the workload can reach; pass: run the "
                         "workload once untimed")

@@ -46,7 +46,8 @@ class EngineArgs:
     max_num_batched_tokens: int | None = _opt(None, "most tokens in one step (chunked-prefill "
                                                     "budget); default max(512, min(2048, "
                                                     "max_num_seqs))")
-    enable_prefix_caching: bool = _opt(False, "reuse the KV pages of identical prompt prefixes")
+    enable_prefix_caching: bool = _opt(True, "reuse the KV pages of identical prompt prefixes "
+                                             "(automatic prefix caching, on as in vLLM V1)")
     seed: int = _opt(0, "engine seed for unseeded random sampling")
     attention_backend: str = _opt("auto", "paged-attention kernel", BACKENDS)
     kv_cache_dtype: str = _opt("auto", "KV pool dtype (auto = the model's)",

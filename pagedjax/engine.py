@@ -226,6 +226,11 @@ class LLMEngine:
         # Prompt logprobs need every prompt position computed: a unique salt keeps
         # the prefix cache from skipping any of them.
         salt = f"plp-{request_id}-{next(self._counter)}" if params.prompt_logprobs is not None else None
+        user_salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
+        if user_salt is not None:  # vLLM's cache_salt: only prompts with the same salt share
+            if not isinstance(user_salt, str):
+                raise ValueError(f"cache_salt must be a string, got {type(user_salt).__name__}")
+            salt = f"salt-{user_salt}|{salt or ''}"
         lora_id = self._check_lora(lora_request)
         if lora_id:  # prefix-cache pages of one adapter never serve another
             salt = f"lora-{lora_id}:{lora_request.lora_path}|{salt or ''}"

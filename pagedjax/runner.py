@@ -32,6 +32,7 @@ from pagedjax import sampler as sampler_mod
 from pagedjax.inputs import (LOGPROB_BUCKETS, BatchInputs, Buckets, SampleRow,  # noqa: F401
                              pow2, prepare)
 from pagedjax.packing import PackSpec, pack, unpack
+from pagedjax.page_table import PageTables
 from pagedjax.sampler import RowState
 
 @dataclasses.dataclass
@@ -116,6 +117,8 @@ class Runner:
         self.mesh = plan.mesh
         self.lora_enabled = getattr(model, "lora", None) is not None  # per-token slots in batches
         self.shapes_seen: set[tuple] = set()
+        # Page-table rows kept between steps, at the widest bucket (page_table.py).
+        self.page_tables = PageTables(self.buckets.p_buckets()[-1], 2 * max_num_seqs + 8)
         # The latest steps only (bounded): launch-to-fetch seconds, and beside each
         # (decode-only, S bucket, T bucket, real rows, real tokens).
         self.step_times: collections.deque[float] = collections.deque(maxlen=1 << 16)
@@ -203,7 +206,7 @@ class Runner:
             lora_slots = [-1] * len(rows)
         return prepare(self.buckets, rows, sample_rows, prompt_lp, prompt_tokens, token_src,
                        self.vocab_size, self.max_model_len,
-                       lora_slots if self.lora_enabled else None)
+                       lora_slots if self.lora_enabled else None, self.page_tables)
 
     def launch(self, rows, sample_rows: Sequence[SampleRow],
                prompt_lp: dict[str, int] | None = None,
