@@ -92,6 +92,7 @@ class OutputProcessor:
         self._decoded: dict[int, str] = {}
         self.finished_metrics: collections.deque = collections.deque(maxlen=max_finished_metrics)
         self.num_generated_tokens = 0
+        self._wants_texts: set[str] = set()  # requests with logprob dicts (token texts)
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
@@ -106,6 +107,8 @@ class OutputProcessor:
                     spaces_between_special_tokens=params.spaces_between_special_tokens),
                 stop=tok_mod.StopChecker(params.stop or [], params.include_stop_str_in_output),
                 params=params, logprobs=[] if params.logprobs is not None else None)
+        if params.logprobs is not None or params.prompt_logprobs is not None:
+            self._wants_texts.add(request_id)
         self._states[request_id] = _ReqState(
             request_id=request_id, prompt=prompt, prompt_token_ids=prompt_token_ids,
             params=params, seqs=seqs,
@@ -113,6 +116,7 @@ class OutputProcessor:
             prompt_logprobs=[None] if params.prompt_logprobs is not None else None)
 
     def abort(self, request_id: str) -> bool:
+        self._wants_texts.discard(request_id)
         return self._states.pop(request_id, None) is not None
 
     def has(self, request_id: str) -> bool:
@@ -182,6 +186,7 @@ class OutputProcessor:
                 st.metrics.finished_time = now
                 self.finished_metrics.append(st.metrics)
                 states.pop(rid, None)
+                self._wants_texts.discard(rid)
             elif st.params.output_kind == final_only:
                 continue  # nobody reads it before the end
             outputs.append(self._make_output(st))
@@ -228,6 +233,8 @@ class OutputProcessor:
 
     def _decode_all(self, core: CoreOutput) -> None:
         """Decode every token id this step's logprob dicts name, in one batched call."""
+        if not self._wants_texts:
+            return  # no live request has logprob dicts
         want: set[int] = set()
         for up in core.updates:
             st = self._states.get(up.request_id)

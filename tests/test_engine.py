@@ -163,9 +163,34 @@ def test_parallel_sampling_shares_pages(llm_small_pool):
     out = run(SamplingParams(n=4, temperature=1.0, max_tokens=8, seed=7), [prompt])
     assert len(out[0].outputs) == 4
     shared_peak = peak["used"]
-    run(SamplingParams(temperature=1.0, max_tokens=8), [prompt] * 4)
+    # Independent requests with their own cache salts share nothing (automatic prefix
+    # caching, on by default, would otherwise share the prompt's full pages too).
+    salted = [{"prompt": prompt, "cache_salt": f"s{i}"} for i in range(4)]
+    run(SamplingParams(temperature=1.0, max_tokens=8), salted)
     independent_peak = peak["used"]
     assert shared_peak < independent_peak, (shared_peak, independent_peak)
+    assert engine.pool_stats().used == 0
+
+
+def test_cache_salt_keeps_prefix_cache_apart(llm_small_pool):
+    """vLLM's cache_salt: the same prompt hits the prefix cache only under the same salt."""
+    engine = llm_small_pool.llm_engine
+    prompt = "Tell me about the history of the lighthouse. " * 4
+    params = SamplingParams(temperature=0.0, max_tokens=2)
+
+    def hits(p):
+        before = engine.pool_stats().prefix_hits
+        out = llm_small_pool.generate([p], params, use_tqdm=False)[0]
+        return engine.pool_stats().prefix_hits - before, out.outputs[0].token_ids
+
+    first, toks = hits({"prompt": prompt, "cache_salt": "alice"})
+    assert first == 0
+    again, toks_again = hits({"prompt": prompt, "cache_salt": "alice"})
+    assert again > 0 and toks_again == toks  # a hit, and the same greedy tokens
+    other, toks_other = hits({"prompt": prompt, "cache_salt": "bob"})
+    assert other == 0 and toks_other == toks
+    with pytest.raises(ValueError, match="cache_salt must be a string"):
+        llm_small_pool.generate([{"prompt": prompt, "cache_salt": 3}], params, use_tqdm=False)
 
 
 def _reference_beam_search(hf_model, tok, eos, prompt, beam_width, max_tokens):
