@@ -143,12 +143,12 @@ def attention_direct_ms(runner, rows: int, context: int, reps: int) -> float:
 
     @jax.jit
     def layers(q, pools):
-        for pages in pools:  # each layer's output feeds the next: no overlap between calls
+        for pages, scales in pools:  # each layer's output feeds the next: calls run in turn
             q = attend(q, pages, kv_lens, table, cu, jnp.int32(rows),
-                       sm_scale=info.head_dim ** -0.5, max_q_len=1)
+                       sm_scale=info.head_dim ** -0.5, max_q_len=1, kv_scales=scales)
         return q
 
-    pools = [pages for pages, _ in runner.kv_caches]
+    pools = [(pages, scales) for pages, scales in runner.kv_caches]
     return _median_ms(lambda: layers(q, pools).block_until_ready(), reps)
 
 
@@ -256,6 +256,7 @@ def parse_args(argv=None):
     p.add_argument("--context", type=int, default=192, help="tokens of context per row")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--attention-backend", default="auto")
+    p.add_argument("--kv-cache-dtype", default="auto", help="auto (the model's), int8, fp8")
     p.add_argument("--json", default=DEFAULT_JSON)
     return p.parse_args(argv)
 
@@ -271,7 +272,7 @@ def main(argv=None) -> int:
     s_max = max(rows_list)
     per = -(-ns.context // 16)
     llm = LLM(model=ns.model, max_model_len=ns.context + 16, max_num_seqs=s_max,
-              attention_backend=ns.attention_backend,
+              attention_backend=ns.attention_backend, kv_cache_dtype=ns.kv_cache_dtype,
               num_pages=s_max * per + 8)
     runner = llm.llm_engine.runner
     info, cfg = runner.model.info, resolve_model(ns.model).hf_config
@@ -280,7 +281,8 @@ def main(argv=None) -> int:
               "o_in": info.num_q_heads * info.head_dim, "layers": info.num_layers,
               "vocab": info.vocab_size}
     native_rows = runner.plan.native_matmul_rows
-    report = {"benchmark": "step_profile", "args": vars(ns), "date": time.strftime("%Y-%m-%d %H:%M"),
+    report = {"benchmark": "step_profile", "args": vars(ns),
+              "kv_cache_dtype": str(runner.kv_caches[0][0].dtype), "date": time.strftime("%Y-%m-%d %H:%M"),
               "machine": machine.machine(), "jax_backend": jax.default_backend(),
               "attention_backend": runner.attn_backend, "native_matmul_max_rows": native_rows,
               "context": ns.context, "shapes": shapes, "steps": []}
