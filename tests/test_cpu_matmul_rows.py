@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import jax
 import pytest
@@ -92,11 +94,12 @@ def test_real_measurement_gives_a_candidate_and_is_cached(tmp_path, monkeypatch)
 
 
 def _plan_rows(env: dict) -> list[int]:
+    """make_plan's matmul row limits in a fresh process: cpu_native twice, then xla."""
     code = ("from pagedjax.runner import make_plan\n"
             "print(make_plan('cpu_native').native_matmul_rows, make_plan('cpu_native')"
             ".native_matmul_rows, make_plan('xla').native_matmul_rows)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=300, env={**os.environ, **env})
+                       timeout=300, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     return [int(v) for v in r.stdout.split()]
 
@@ -104,20 +107,13 @@ def _plan_rows(env: dict) -> list[int]:
 def test_make_plan_uses_the_override_and_the_cached_choice(tmp_path):
     if not cpu_native.fast_matmul():
         pytest.skip(f"no vectorized C++ matmul here: {cpu_native.unavailable_reason()}")
-    assert _plan_rows({cmr.ENV: "12"}) == [12, 12, 0]
-    # Without the override: the cached choice of this build (written here, read there).
-    path = cmr.cache_path(cpu_native.build_info("cpu_kernels")["so"])
-    saved = path.read_bytes() if path.exists() else None
-    try:
-        cmr.write_cache(path, 8, {8: (1.0, 2.0)})
-        env = {k: v for k, v in os.environ.items() if k != cmr.ENV}
-        r = subprocess.run([sys.executable, "-c", "from pagedjax.runner import make_plan\n"
-                            "print(make_plan('cpu_native').native_matmul_rows)"],
-                           capture_output=True, text=True, timeout=300, env=env)
-        assert r.returncode == 0, r.stderr[-2000:]
-        assert int(r.stdout) == 8
-    finally:
-        if saved is None:
-            path.unlink(missing_ok=True)
-        else:
-            path.write_bytes(saved)
+    # A private cache holding this build (same key, so the child finds it, no rebuild)
+    # and a choice written here: the child's plan must read that choice.
+    so = Path(cpu_native.build_info("cpu_kernels")["so"])
+    (tmp_path / "native").mkdir()
+    shutil.copy(so, tmp_path / "native" / so.name)
+    cmr.write_cache(cmr.cache_path(tmp_path / "native" / so.name), 5, {8: (1.0, 2.0)})  # 5: no measurement gives it
+    env = {k: v for k, v in os.environ.items() if k != cmr.ENV}
+    env["PAGEDJAX_CACHE_DIR"] = str(tmp_path)
+    assert _plan_rows(env) == [5, 5, 0]
+    assert _plan_rows({**env, cmr.ENV: "12"}) == [12, 12, 0]
