@@ -73,6 +73,12 @@ def step_profile(times, shapes) -> list[dict]:
     return out
 
 
+def quantization_arg(ns) -> str | None:
+    """``LLM(quantization=...)`` for ``--quantization``: none -> None (float weights)."""
+    q = getattr(ns, "quantization", "none")
+    return None if q in (None, "none") else q
+
+
 def run_pagedjax(reqs, ns) -> tuple[dict, object]:
     from pagedjax import LLM, SamplingParams
     from pagedjax.runner import CompileCounter
@@ -86,7 +92,7 @@ def run_pagedjax(reqs, ns) -> tuple[dict, object]:
     llm = LLM(model=ns.model, max_model_len=mml, max_num_seqs=ns.max_num_seqs,
               attention_backend=ns.attention_backend,
               max_num_batched_tokens=ns.max_num_batched_tokens, num_pages=ns.num_pages,
-              seed=ns.seed, **extra)
+              seed=ns.seed, quantization=quantization_arg(ns), **extra)
     load_s = time.perf_counter() - t
     engine = llm.llm_engine
     runner, sched = engine.runner, engine.scheduler
@@ -140,6 +146,7 @@ def run_pagedjax(reqs, ns) -> tuple[dict, object]:
         mean_step_ms=1000 * float(np.mean(step_times)) if step_times else None,
         kv_waste_mean=_mean(waste), kv_waste_max=max(waste) if waste else None,
         peak_pages_used=max(used) if used else 0, num_pages=engine.num_pages,
+        quantization=quantization_arg(ns), weight_bytes=engine.weight_bytes,
         page_size=engine.args.page_size, max_model_len=mml, max_num_seqs=ns.max_num_seqs,
         max_num_batched_tokens=runner.max_num_batched_tokens, step_profile=profile)
     res["_tokens"] = [list(done[f"run-{i}"].outputs[0].token_ids) for i in range(len(reqs))]

@@ -14,6 +14,8 @@ Systems, all on identical prompt token ids and identical output lengths
   compiles every step shape the workload can reach; compilations during the
   timed run are counted (must be 0); KV waste, peak pages, a per-bucket step
   profile and a sharing experiment (8 prompts x ``n=4`` vs 32 independent);
+  ``--quantization int8|gguf`` keeps pagedjax's weights quantized on the device
+  (the weight memory and the mode go into the JSON);
 * **HF static** and **HF continuous** (benchmarks/hf_baselines.py):
   transformers ``generate`` on static batches of 16, and transformers' own
   continuous batching.
@@ -247,6 +249,8 @@ def print_table(report: dict) -> None:
           f"(max {wl['input_len_max']}), output mean {wl['output_len_mean']:.0f} "
           f"(max {wl['output_len_max']}), seed {wl['seed']}")
     if _ok(pj):
+        print(f"pagedjax weights: {pj['quantization'] or 'float'}, "
+              f"{pj['weight_bytes'] / 2**20:.1f} MiB (transformers baselines: float32)")
         print(f"pagedjax: warm-up {pj['warmup_s']:.1f} s ({pj['warmup_compilations']} compilations, "
               f"{pj['warmup_shapes'] if pj['warmup_shapes'] is not None else 'full pass'} shapes), "
               f"compilations after warm-up: {pj['compilations_after_warmup']}, "
@@ -302,6 +306,10 @@ def parse_args(argv=None):
                    help="pagedjax attention_backend (auto: cpu_native on CPU when it builds)")
     p.add_argument("--prefix-caching", choices=("default", "on", "off"), default="default",
                    help="pagedjax enable_prefix_caching (default: the engine's default)")
+    p.add_argument("--quantization", choices=("none", "int8", "gguf"), default="none",
+                   help="pagedjax LLM(quantization=...): int8 weights or a GGUF file's own "
+                        "quantized tensors kept on the device (the transformers baselines stay "
+                        "float32)")
     p.add_argument("--warmup", choices=("shapes", "pass"), default="shapes",
                    help="shapes: compile the step shapes the workload can reach; pass: run the "
                         "workload once untimed")

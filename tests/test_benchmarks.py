@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -60,6 +61,7 @@ def test_throughput_smoke(tiny_folder, tmp_path):
         assert key in pj, key
     assert pj["output_tokens"] == sum(wl["output_lens"])
     assert pj["compilations_after_warmup"] == 0
+    assert pj["quantization"] is None and pj["weight_bytes"] > 0
     assert 0.0 <= pj["kv_waste_mean"] < 1.0
     prof = pj["step_profile"]  # per shape bucket: covers every step of the timed run
     assert sum(b["steps"] for b in prof) == pj["num_steps"]
@@ -84,6 +86,26 @@ def test_throughput_smoke(tiny_folder, tmp_path):
     assert sh["n4"]["sequences"] == sh["independent"]["sequences"] == 32
     assert sh["n4"]["peak_pages_used"] < sh["independent"]["peak_pages_used"]
     assert sh["n4"]["peak_pages_saved_by_sharing"] > 0
+
+
+def test_throughput_int8_smoke(tiny_folder, tmp_path):
+    """--quantization int8 reaches pagedjax's LLM: int8 weights (~1/4 of the float file)."""
+    from benchmarks import throughput
+
+    out = tmp_path / "tp_int8.json"
+    rc = throughput.main(["--model", tiny_folder, "--num-requests", "3", "--input-mean", "8",
+                          "--output-mean", "4", "--max-num-seqs", "4", "--skip-hf",
+                          "--skip-sharing", "--quantization", "int8", "--json", str(out),
+                          "--quiet"])
+    assert rc == 0
+    rep = json.loads(out.read_text())
+    assert rep["args"]["quantization"] == "int8"
+    pj = rep["systems"]["pagedjax"]
+    assert "error" not in pj, pj
+    assert pj["quantization"] == "int8" and pj["compilations_after_warmup"] == 0
+    assert pj["output_tokens"] == sum(rep["workload"]["output_lens"])
+    float_bytes = sum(f.stat().st_size for f in Path(tiny_folder).glob("*.safetensors"))
+    assert 0 < pj["weight_bytes"] < 0.3 * float_bytes
 
 
 def test_throughput_rounds_alternate_and_combine():
