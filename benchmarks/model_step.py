@@ -6,8 +6,9 @@
 Loads the default model (or ``--model``) with each ``quantization`` mode in its
 own fresh process, jits forward + compute_logits over ``--rows`` decode rows
 with ``--context`` tokens of context each (xla attention backend), and reports
-the trace and compile time (compile includes the trace), the optimized HLO size and the best / median of ``--reps``
-steps. Run it from two checkouts (``--tag``) to compare code versions on the
+the trace and compile time (compile includes the trace), the optimized HLO size, the best /
+median of ``--reps`` steps, the step's scratch memory (XLA's temp buffer) and the minor page
+faults per step. Run it from two checkouts (``--tag``) to compare code versions on the
 same machine. Prints a table and writes JSON (default
 benchmarks/results/model_step[_TAG].json).
 """
@@ -57,16 +58,21 @@ def _child(model, mode: str, rows: int, context: int, reps: int) -> dict:
     compile_s = time.perf_counter() - t0
     out, kv = compiled(p, kv, ids, meta)
     out.block_until_ready()
+    import resource
+
+    faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
         out, kv = compiled(p, kv, ids, meta)
         out.block_until_ready()
         times.append(time.perf_counter() - t0)
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0) / reps
     weights = sum(a.size * a.dtype.itemsize for a in jax.tree_util.tree_leaves(p))
     return {"mode": mode, "trace_s": trace_s, "compile_s": compile_s, "hlo_lines": len(compiled.as_text().splitlines()),
             "step_ms_best": 1e3 * min(times), "step_ms_median": 1e3 * float(np.median(times)),
-            "weight_bytes": int(weights)}
+            "weight_bytes": int(weights), "minor_page_faults_per_step": faults,
+            "scratch_bytes": int(compiled.memory_analysis().temp_size_in_bytes)}
 
 
 def main(argv=None) -> int:
@@ -98,11 +104,12 @@ def main(argv=None) -> int:
         r.update(loadavg_before=load0, loadavg_after=machine.loadavg())
         runs.append(r)
     print(f"{'mode':6} {'weights MB':>10} {'trace s':>7} {'compile s':>9} {'HLO lines':>9} "
-          f"{'best ms':>8} {'median ms':>9}")
+          f"{'best ms':>8} {'median ms':>9} {'scratch MB':>10} {'faults/step':>11}")
     for r in runs:
         print(f"{r['mode']:6} {r['weight_bytes'] / 1e6:>10.1f} {r['trace_s']:>7.2f} "
               f"{r['compile_s']:>9.2f} "
-              f"{r['hlo_lines']:>9} {r['step_ms_best']:>8.1f} {r['step_ms_median']:>9.1f}")
+              f"{r['hlo_lines']:>9} {r['step_ms_best']:>8.1f} {r['step_ms_median']:>9.1f} "
+              f"{r.get('scratch_bytes', 0) / 1e6:>10.1f} {r.get('minor_page_faults_per_step', 0):>11.0f}")
     m = machine.machine()
     print(machine.describe(m))
     path = a.json or os.path.join(ROOT, "benchmarks", "results",

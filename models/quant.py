@@ -21,7 +21,9 @@ repacks Q4_K and Q6_K super-blocks into these layouts bit for bit, so the
 weights' memory is the file's (within 3%: Q4_K keeps its 6-bit sub-block
 scales in bytes) and dequantizing gives exactly what ``gguf.quants`` gives.
 
-``dequantize`` runs in the step (jnp); ``quantize_int8`` and ``repack_gguf``
+``chunked_matmul`` / ``chunked_matmul_t`` run in the step (jnp): they dequantize
+a weight a chunk at a time inside a ``lax.scan`` (see ``CHUNK_BYTES`` for why);
+``dequantize`` gives a whole float weight; ``quantize_int8`` and ``repack_gguf``
 run at load time (numpy).
 """
 
@@ -120,6 +122,72 @@ def comps_ndim(comps: dict) -> int:
     return max(v.ndim for v in comps.values())
 
 
+# Dequantized float bytes of one chunk of a weight in :func:`chunked_matmul`: small
+# enough to stay in cache and to keep the step's scratch memory small. Dequantizing a
+# whole weight writes a float copy of it, and XLA:CPU gives every such copy its own
+# scratch buffer (540 MB for SmolLM2 in int8), page-faulted afresh on each step:
+# about 132k page faults per step, most of a quantized step's time. With 256 KiB
+# chunks: 17 MB of scratch, ~2.5k faults (BENCHMARKS.md, "quantized matmuls").
+CHUNK_BYTES = 1 << 18
+
+
+def num_chunks(n: int, block: int, row_elems: int, itemsize: int = 4) -> int:
+    """Chunks along an axis of ``n`` (each a whole number of ``block``s, dividing it
+    evenly) such that a chunk's ``n / chunks * row_elems`` floats fit CHUNK_BYTES."""
+    blocks = n // block
+    want = -(-n * row_elems * itemsize // CHUNK_BYTES)
+    return next((c for c in range(min(want, blocks), blocks + 1) if blocks % c == 0), blocks)
+
+
+def _product(kind: str, c: dict, x: jax.Array, matmul) -> jax.Array:
+    """``x [T, In] @ w [In, *Out]`` of components ``c`` (quantized axis first; int8
+    without its scale). Q4_0/Q4_1 dot the low and the high nibbles with the first and
+    second halves of each 32-block of x (no interleaving), Q4_1's minimum as the block
+    sums of x times m."""
+    if kind == "int8":
+        return matmul(x, c["q"].astype(x.dtype))
+    if kind not in ("q4_0", "q4_1"):
+        return matmul(x, _dequant_axis0(kind, c, x.dtype))
+    t, n = x.shape
+    qs = c["qs"].reshape((n // 32, 16) + c["qs"].shape[1:])
+    d = c["d"].astype(x.dtype)[:, None]
+    half = (n // 2,) + c["qs"].shape[1:]
+    lo, hi = qs & 15, qs >> 4
+    if kind == "q4_0":
+        lo, hi = lo.astype(jnp.int8) - 8, hi.astype(jnp.int8) - 8
+    xb = x.reshape(t, n // 32, 2, 16)
+    y = (matmul(xb[:, :, 0].reshape(t, n // 2), (lo.astype(x.dtype) * d).reshape(half))
+         + matmul(xb[:, :, 1].reshape(t, n // 2), (hi.astype(x.dtype) * d).reshape(half)))
+    if kind == "q4_1":
+        y = y + matmul(xb.sum(axis=(2, 3)), c["m"].astype(x.dtype))
+    return y
+
+
+def chunked_matmul(kind: str, comps: dict, x: jax.Array, matmul) -> jax.Array:
+    """``x [T, In] @ dequantize(comps) [In, *Out]`` dequantizing one chunk of In at a
+    time inside a ``lax.scan`` (partial products summed); ``matmul(x, w)`` does the
+    float dot. int8's per-channel scale multiplies the output after the sum."""
+    f32 = jnp.float32
+    scale = comps.get("scale") if kind == "int8" else None
+    parts = {k: v for k, v in comps.items() if k != "scale" or kind != "int8"}
+    n = x.shape[-1]
+    out_shape = parts[next(iter(FORMATS[kind]))].shape[1:]
+    nc = num_chunks(n, BLOCK[kind], int(np.prod(out_shape)))
+    if nc == 1:
+        y = _product(kind, parts, x, matmul)
+    else:
+        split = {k: v.reshape((nc, v.shape[0] // nc) + v.shape[1:]) for k, v in parts.items()}
+        xs = jnp.moveaxis(x.reshape(x.shape[0], nc, n // nc), 1, 0)  # [nc, T, In/nc]
+
+        def body(acc, a):
+            xi, ci = a
+            return acc + _product(kind, ci, xi, matmul).astype(f32), None
+
+        y, _ = jax.lax.scan(body, jnp.zeros((x.shape[0],) + out_shape, f32), (xs, split))
+        y = y.astype(x.dtype)
+    return y if scale is None else y * scale.astype(x.dtype)
+
+
 # ----------------------------------------------------------------------------- host side
 
 
@@ -179,3 +247,22 @@ def repack_gguf(kind: str, raw: np.ndarray, n: int) -> dict[str, np.ndarray]:
                 "sc": blocks[..., 192:208].view(np.int8).reshape(rows, -1),
                 "d": _f16(blocks[..., 208:210])}
     raise ValueError(f"GGUF repack: {kind!r} is not one of {sorted(GGUF_KINDS.values())}")
+
+
+def chunked_matmul_t(kind: str, comps: dict, x: jax.Array, matmul_t) -> jax.Array:
+    """``x [T, H] @ dequantize(comps) [V, H].T`` (a table quantized along its last axis,
+    the tied LM head) one chunk of V rows at a time inside a ``lax.scan``;
+    ``matmul_t(x, w)`` is the float ``x @ w.T``. -> [T, V]."""
+    v = comps[next(iter(FORMATS[kind]))].shape[0]
+    nc = num_chunks(v, 1, x.shape[-1])
+    if nc == 1:
+        return matmul_t(x, dequantize(kind, comps, -1, x.dtype))
+    split = {k: c.reshape((nc, v // nc) + c.shape[1:]) for k, c in comps.items()}
+
+    def body(_, ci):
+        if kind == "int8":
+            return None, matmul_t(x, ci["q"].astype(x.dtype)) * ci["scale"].astype(x.dtype)
+        return None, matmul_t(x, dequantize(kind, ci, -1, x.dtype))
+
+    _, ys = jax.lax.scan(body, None, split)  # [nc, T, V/nc]
+    return jnp.moveaxis(ys, 0, 1).reshape(x.shape[0], v)

@@ -60,6 +60,34 @@ def test_gguf_blocks_dequantize_exactly(kind):
     assert sum(a.nbytes for a in comps.values()) <= 1.03 * raw.nbytes
 
 
+@pytest.mark.parametrize("kind", ["int8", "q8_0", "q4_0", "q4_1", "q4_k", "q6_k"])
+@pytest.mark.parametrize("n_in", [256, 1024])  # one chunk, several (1024 x 128 f32 > 256 KiB)
+def test_chunked_matmuls_equal_dequantize_then_dot(kind, n_in):
+    """The step's matmuls (chunks of In dequantized inside a scan; Q4 nibble halves dotted
+    separately) and the tied head's (chunks of vocabulary rows) equal a dot with the
+    whole dequantized weight within float rounding."""
+    rng = np.random.default_rng(2)
+    rows, n_out = 3, 128
+    if kind == "int8":
+        kernel = {k: jnp.asarray(v) for k, v in Q.quantize_int8(
+            rng.standard_normal((n_in, n_out)).astype(np.float32), 0).items()}
+    else:
+        comps = Q.repack_gguf(kind, _raw_blocks(kind, n_out, n_in, rng), n_in)  # [Out, In_c]
+        kernel = {c: jnp.asarray(np.ascontiguousarray(a.T)) for c, a in comps.items()}
+    x = jnp.asarray(rng.standard_normal((rows, n_in)), jnp.float32)
+    w = Q.dequantize(kind, kernel, 0, jnp.float32)  # [In, Out]
+    assert (Q.num_chunks(n_in, Q.BLOCK[kind], n_out) > 1) == (n_in * n_out * 4 > Q.CHUNK_BYTES)
+    ref = np.asarray(x @ w)
+    got = np.asarray(jax.jit(lambda x, c: Q.chunked_matmul(kind, c, x, jnp.dot))(x, kernel))
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    table = {c: jnp.moveaxis(a, 0, -1) if a.ndim == 2 else a for c, a in kernel.items()}
+    x_t = jnp.asarray(rng.standard_normal((rows, n_in)), jnp.float32)
+    ref_t = np.asarray(x_t @ w)  # table [Out, In] attended: x_t [T, In] @ table.T
+    got_t = np.asarray(jax.jit(lambda x, c: Q.chunked_matmul_t(
+        kind, c, x, lambda a, b: a @ b.T))(x_t, table))
+    np.testing.assert_allclose(got_t, ref_t, rtol=1e-5, atol=1e-5 * np.abs(ref_t).max())
+
+
 def test_int8_quantize_per_channel():
     rng = np.random.default_rng(1)
     w = rng.standard_normal((64, 3, 5)).astype(np.float32)  # kernel [In, *Out]
