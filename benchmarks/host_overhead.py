@@ -13,7 +13,9 @@ wrapping ``jax.device_get`` in this process) and minus the time inside the
 jitted calls (``runner.dispatch_seconds``): XLA:CPU runs a program it judges
 cheap inline in the dispatching call, so on CPU that call holds device work
 (on an accelerator it returns in microseconds). The dispatch time is reported
-in its own column. Run serially (``async_scheduling=False``) so the split is
+in its own column. *Host CPU* is the same split in CPU time of the engine's
+thread (``time.thread_time``), which other processes on the machine disturb
+less than wall time. Run serially (``async_scheduling=False``) so the split is
 clean. On an older checkout without ``dispatch_seconds`` the benchmark times
 the runner's two jitted calls itself.
 
@@ -105,15 +107,16 @@ def measure(model: str, rows: int, context: int, steps: int, async_scheduling: b
 
     from pagedjax import LLM, SamplingParams
 
-    blocked = [0.0]
+    blocked = [0.0, 0.0]  # wall, thread CPU
     real_get = jax.device_get
 
     def timed_get(x):  # instrumentation of this benchmark process only
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             return real_get(x)
         finally:
             blocked[0] += time.perf_counter() - t0
+            blocked[1] += time.thread_time() - c0
 
     jax.device_get = timed_get
     pages = rows * (-(-(context + steps + 96) // 16)) + 8
@@ -136,23 +139,23 @@ def measure(model: str, rows: int, context: int, steps: int, async_scheduling: b
             break
     for _ in range(3):
         engine.step()
-    walls, blocks, disp = [], [], []
+    walls, blocks, disp, cpus = [], [], [], []
     runner = engine.runner
-    if not hasattr(runner, "dispatch_seconds"):
-        # An older checkout (--baseline) without the counter: time its two jitted
+    if not hasattr(runner, "dispatch_cpu_seconds"):
+        # An older checkout (--baseline) without the counters: time its two jitted
         # calls the same way, in this benchmark process only.
-        runner.dispatch_seconds = 0.0
+        runner.dispatch_seconds = runner.dispatch_cpu_seconds = 0.0
         for name in ("_step", "_sample"):
             setattr(runner, name, _timed_dispatch(runner, getattr(runner, name)))
-    has_dispatch = True
     for _ in range(steps):
-        blocked[0] = 0.0
-        d0 = runner.dispatch_seconds if has_dispatch else 0.0
-        t0 = time.perf_counter()
+        blocked[:] = [0.0, 0.0]
+        d0, dc0 = runner.dispatch_seconds, runner.dispatch_cpu_seconds
+        t0, c0 = time.perf_counter(), time.thread_time()
         outs = engine.step()
         walls.append(time.perf_counter() - t0)
+        cpus.append(time.thread_time() - c0 - blocked[1] - (runner.dispatch_cpu_seconds - dc0))
         blocks.append(blocked[0])
-        disp.append((runner.dispatch_seconds if has_dispatch else 0.0) - d0)
+        disp.append(runner.dispatch_seconds - d0)
     assert len(outs) == rows, f"expected {rows} outputs per step, got {len(outs)}"
     jax.device_get = real_get
     walls, blocks, disp = np.asarray(walls), np.asarray(blocks), np.asarray(disp)
@@ -160,19 +163,21 @@ def measure(model: str, rows: int, context: int, steps: int, async_scheduling: b
     return {"rows": rows, "context": context, "steps": steps, "async": async_scheduling,
             "host_ms_median": 1000 * float(np.median(host)),
             "host_ms_p90": 1000 * float(np.percentile(host, 90)),
+            "host_cpu_ms_median": 1000 * float(np.median(cpus)),
             "device_wait_ms_median": 1000 * float(np.median(blocks)),
-            "dispatch_ms_median": 1000 * float(np.median(disp)) if has_dispatch else None,
+            "dispatch_ms_median": 1000 * float(np.median(disp)),
             "step_ms_median": 1000 * float(np.median(walls)),
             "steps_per_s": float(steps / walls.sum())}
 
 
 def _timed_dispatch(runner, fn):
     def call(*args, **kwargs):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             return fn(*args, **kwargs)
         finally:
             runner.dispatch_seconds += time.perf_counter() - t0
+            runner.dispatch_cpu_seconds += time.thread_time() - c0
     return call
 
 
@@ -225,6 +230,7 @@ def main(argv=None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             folder = tiny_folder(os.path.join(tmp, "tiny"))
             print(f"{'code':>8} {'rows':>5} {'context':>7} {'host ms (median)':>17} {'p90':>7} "
+                  f"{'host CPU ms':>12} "
                   f"{'device wait ms':>15} {'dispatch ms':>12} {'step ms':>8}")
             for ctx in [int(c) for c in ns.contexts.split(",")]:
                 for rows in [int(r) for r in ns.rows.split(",")]:
@@ -235,7 +241,8 @@ def main(argv=None) -> int:
                         r["loadavg"] = open("/proc/loadavg").read().split()[:3]
                         result["host"].append(r)
                         print(f"{name:>8} {rows:>5} {ctx:>7} {r['host_ms_median']:>17.2f} "
-                              f"{r['host_ms_p90']:>7.2f} {r['device_wait_ms_median']:>15.2f} "
+                              f"{r['host_ms_p90']:>7.2f} {r['host_cpu_ms_median']:>12.2f} "
+                              f"{r['device_wait_ms_median']:>15.2f} "
                               f"{_ms(r.get('dispatch_ms_median')):>12} "
                               f"{r['step_ms_median']:>8.2f}", flush=True)
     if ns.part in ("overlap", "both"):

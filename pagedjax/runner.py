@@ -127,6 +127,7 @@ class Runner:
         # Seconds spent inside the jitted calls' dispatch (on CPU, XLA runs a cheap
         # program inline in that call, so this is device time on the host thread).
         self.dispatch_seconds = 0.0
+        self.dispatch_cpu_seconds = 0.0  # the same, CPU time of the calling thread
         self.s_max = pow2(max_num_seqs, 1)  # rows per step, padded: the token source width
         self._no_tokens = jnp.zeros(self.s_max, jnp.int32)
         CompileCounter.install()
@@ -239,10 +240,11 @@ class Runner:
         self.shapes_seen.add((pending.shape, pending.num_logprobs, pending.prompt_k,
                               sampler_mod.variant_key(st)))
         sbufs, sspec = pack((st, pending.sample_index))
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         out, tokens = self._sample(pending.logits, sbufs, spec=sspec,
                                    num_logprobs=pending.num_logprobs)
         self.dispatch_seconds += time.perf_counter() - t0
+        self.dispatch_cpu_seconds += time.thread_time() - c0
         return Launched(out, pending.plp, tokens, pending.cu_q_lens, pending.row_ids,
                         pending.prompt_lp, pending.t0)
 
@@ -250,10 +252,11 @@ class Runner:
         bbufs, bspec = pack(batch)
         # The numpy buffers go straight into the jitted call (one copy per dtype, made by
         # jit's C++ path: cheaper than a jax.device_put first, and placed as compiled).
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         logits, plp, self.kv_caches = self._step(self.params, self.kv_caches, bbufs, prev_tokens,
                                                  spec=bspec, plan=self.plan, prompt_k=prompt_k)
         self.dispatch_seconds += time.perf_counter() - t0
+        self.dispatch_cpu_seconds += time.thread_time() - c0
         self.num_steps += 1
         self.step_shapes.append((batch.meta.max_q_len == 1, shape[1], shape[0], len(rows),
                                  sum(len(r.token_ids) for r in rows)))
