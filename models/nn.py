@@ -68,9 +68,10 @@ def weight_value(w, dtype) -> jax.Array:
 
 def qmatmul(x: jax.Array, w, plan: ExecutionPlan) -> jax.Array:
     """``x [T, In] @ w [In, ...Out]`` for a float or quantized weight ([T, ...Out])."""
-    # Dequantized chunk by chunk on one device; under tensor parallelism whole (a scan
-    # over a sharded In axis would make GSPMD gather the weight).
-    if isinstance(w, QuantizedWeight) and plan.mesh is None:
+    # Dequantized chunk by chunk on one device for steps of few rows; whole for many rows
+    # (one dequantization then serves them all) and under tensor parallelism (a scan over
+    # a sharded In axis would make GSPMD gather the weight).
+    if isinstance(w, QuantizedWeight) and Q.chunked(x.shape[0], plan.mesh):
         return Q.chunked_matmul(w.kind, w.components(), x, lambda a, b: L.matmul(a, b, plan))
     if isinstance(w, QuantizedWeight) and w.kind == "int8":  # scale after the matmul
         c = w.components()
@@ -118,7 +119,7 @@ class Embed(nnx.Module):
     def attend(self, x: jax.Array, plan: ExecutionPlan = DEFAULT_PLAN) -> jax.Array:
         """x [R, H] -> [R, V] (x @ embedding.T)."""
         w = self.embedding
-        if isinstance(w, QuantizedWeight) and plan.mesh is None:  # chunks of vocabulary rows
+        if isinstance(w, QuantizedWeight) and Q.chunked(x.shape[0], plan.mesh):  # vocab chunks
             return Q.chunked_matmul_t(w.kind, w.components(), x,
                                       lambda a, b: L.matmul(a, b, plan, transposed=True))
         if isinstance(w, QuantizedWeight) and w.kind == "int8":

@@ -22,7 +22,8 @@ weights' memory is the file's (within 3%: Q4_K keeps its 6-bit sub-block
 scales in bytes) and dequantizing gives exactly what ``gguf.quants`` gives.
 
 ``chunked_matmul`` / ``chunked_matmul_t`` run in the step (jnp): they dequantize
-a weight a chunk at a time inside a ``lax.scan`` (see ``CHUNK_BYTES`` for why);
+a weight a chunk at a time inside a ``lax.scan`` (see ``CHUNK_BYTES`` for why) in
+matmuls of at most ``CHUNK_MAX_ROWS`` rows;
 ``dequantize`` gives a whole float weight; ``quantize_int8`` and ``repack_gguf``
 run at load time (numpy).
 """
@@ -129,6 +130,16 @@ def comps_ndim(comps: dict) -> int:
 # about 132k page faults per step, most of a quantized step's time. With 256 KiB
 # chunks: 17 MB of scratch, ~2.5k faults (BENCHMARKS.md, "quantized matmuls").
 CHUNK_BYTES = 1 << 18
+
+
+# Steps with more rows than this dequantize whole weights: at 256 decode rows chunking
+# made SmolLM2 steps 1.3x slower (BENCHMARKS.md), at 16 and 64 rows faster.
+CHUNK_MAX_ROWS = 64
+
+
+def chunked(rows: int, mesh) -> bool:
+    """Whether a matmul over ``rows`` rows dequantizes chunk by chunk (one device only)."""
+    return mesh is None and rows <= CHUNK_MAX_ROWS
 
 
 def num_chunks(n: int, block: int, row_elems: int, itemsize: int = 4) -> int:

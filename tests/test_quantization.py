@@ -4,7 +4,8 @@ and per-channel int8 from float checkpoints.
 * Dequantizing our repacked components gives exactly ``gguf.quants.dequantize``.
 * Logits of a quantized model equal those of the float model run with the same
   dequantized weights within 2e-4 * max(1, max|ref|) (only the order of float
-  operations differs: int8 scales are applied after the matmul).
+  operations differs: int8 scales are applied after the matmul, steps of few rows
+  sum the products of chunks).
 * Weight memory: within 10% of the GGUF file's tensor bytes; int8 within 10% of
   a quarter of float32.
 """
@@ -161,7 +162,11 @@ def test_int8_memory_and_logits(smollm2):
     ours = models.model_weight_bytes(p_q)
     assert abs(ours - f32 / 4) <= 0.10 * f32 / 4, (ours, f32)
     got = _logits(m_q, p_q, IDS)
-    _assert_close(got, _logits(m_f, dequantized_reference(m_q, p_q), IDS), "int8 vs its floats")
+    deq = dequantized_reference(m_q, p_q)
+    _assert_close(got, _logits(m_f, deq, IDS), "int8 vs its floats")
+    long = IDS * 6  # 72 rows: more than Q.CHUNK_MAX_ROWS, whole weights dequantized
+    assert len(long) > Q.CHUNK_MAX_ROWS
+    _assert_close(_logits(m_q, p_q, long), _logits(m_f, deq, long), "int8, many rows")
     ref = _logits(m_f, p_f, IDS)  # the float model itself: quantization error, not asserted tight
     assert np.abs(got - ref).max() < 0.1 * np.abs(ref).max()
 
