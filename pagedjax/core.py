@@ -31,7 +31,7 @@ from pagedjax.output_processor import CoreOutput, SeqUpdate
 from pagedjax.request import Request
 from pagedjax.inputs import SampleRow
 from pagedjax.runner import Launched, Runner
-from pagedjax.sampler import RowState, static_row
+from pagedjax.sampling_tensors import RowState, static_row
 from pagedjax.sampling_params import SamplingParams
 from pagedjax.scheduler import Scheduler, SchedulerOutput
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from pagedjax import tokenizer as tok_mod
+from pagedjax.detokenizer import IncrementalDetokenizer, StopChecker
 from pagedjax.outputs import CompletionOutput, RequestMetrics, RequestOutput, make_logprobs_dict
 from pagedjax.sampling_params import RequestOutputKind, SamplingParams
 
@@ -101,11 +101,11 @@ class OutputProcessor:
         for i in range(params.n):
             seqs[i] = _Seq(
                 index=i,
-                detok=tok_mod.IncrementalDetokenizer(
+                detok=IncrementalDetokenizer(
                     self.tokenizer, prompt_token_ids,
                     skip_special_tokens=params.skip_special_tokens,
                     spaces_between_special_tokens=params.spaces_between_special_tokens),
-                stop=tok_mod.StopChecker(params.stop or [], params.include_stop_str_in_output),
+                stop=StopChecker(params.stop or [], params.include_stop_str_in_output),
                 params=params, logprobs=[] if params.logprobs is not None else None)
         if params.logprobs is not None or params.prompt_logprobs is not None:
             self._wants_texts.add(request_id)

@@ -24,9 +24,12 @@ import tempfile
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
+# The text side of generation (incremental detokenizer, stop strings) lives in
+# detokenizer.py; its names are re-exported here, where callers have always found them.
+from pagedjax.detokenizer import (INITIAL_PREFIX_TOKENS, IncrementalDetokenizer,  # noqa: F401
+                                  StopChecker)
+
 # Tokens of context decoded before the first new token (vLLM uses 5 too).
-INITIAL_PREFIX_TOKENS = 5
-_REPLACEMENT = "\ufffd"
 
 
 def _cache_root() -> Path:
@@ -397,126 +400,3 @@ def bad_words_token_ids(tokenizer, bad_words: Sequence[str]) -> list[list[int]]:
             if ids and ids not in out:
                 out.append(ids)
     return out
-
-
-def _fast_decode():
-    """transformers' PreTrainedTokenizerFast.decode (to check a tokenizer does not
-    override it)."""
-    from transformers import PreTrainedTokenizerFast
-
-    return PreTrainedTokenizerFast.decode
-
-
-class IncrementalDetokenizer:
-    """Token ids in, text deltas out; ``"".join(deltas) + flush()`` equals the
-    decode of the output ids in the context of the prompt."""
-
-    def __init__(self, tokenizer, prompt_token_ids: Sequence[int] = (),
-                 skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True):
-        self.tokenizer = tokenizer
-        self.skip_special_tokens = skip_special_tokens
-        # Fast tokenizers decode special tokens without extra spaces; the flag
-        # is kept for API parity with vLLM (it only affects slow tokenizers).
-        self.spaces_between_special_tokens = spaces_between_special_tokens
-        self.token_ids: list[int] = list(prompt_token_ids)
-        self.num_prompt_tokens = len(self.token_ids)
-        self.read_offset = len(self.token_ids)
-        self.prefix_offset = max(self.read_offset - INITIAL_PREFIX_TOKENS, 0)
-        self.output_text = ""
-        # transformers' decode of a fast tokenizer is the backend's decode plus an
-        # optional clean-up pass; without that pass, call the backend ourselves.
-        self._backend = getattr(tokenizer, "backend_tokenizer", None)
-        if getattr(tokenizer, "clean_up_tokenization_spaces", True) or \
-                type(tokenizer).decode is not _fast_decode():
-            self._backend = None
-
-    def _decode(self, ids: Sequence[int]) -> str:
-        if self._backend is not None:  # the Rust tokenizer directly: same text, less Python
-            return self._backend.decode(ids, skip_special_tokens=self.skip_special_tokens)
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
-
-    def add(self, new_token_ids: Union[int, Sequence[int]]) -> str:
-        """Append generated ids; return the text they complete (may be "")."""
-        ids = self.token_ids
-        if isinstance(new_token_ids, int):
-            ids.append(new_token_ids)
-        else:
-            ids.extend(int(t) for t in new_token_ids)
-        prefix_text = self._decode(ids[self.prefix_offset:self.read_offset])
-        full_text = self._decode(ids[self.prefix_offset:])
-        if len(full_text) <= len(prefix_text) or full_text.endswith(_REPLACEMENT):
-            return ""  # nothing new, or a character still incomplete: wait
-        delta = full_text[len(prefix_text):]
-        self.prefix_offset = self.read_offset
-        self.read_offset = len(self.token_ids)
-        self.output_text += delta
-        return delta
-
-    def flush(self) -> str:
-        """Text of tokens still held back (e.g. an incomplete character at the end)."""
-        if self.read_offset == len(self.token_ids):
-            return ""
-        prefix_text = self._decode(self.token_ids[self.prefix_offset:self.read_offset])
-        full_text = self._decode(self.token_ids[self.prefix_offset:])
-        delta = full_text[len(prefix_text):]
-        self.prefix_offset = self.read_offset
-        self.read_offset = len(self.token_ids)
-        self.output_text += delta
-        return delta
-
-
-class StopChecker:
-    """Find stop strings in streamed output text.
-
-    ``add(delta)`` appends a delta and returns the stop string matched (the one
-    that starts earliest; on a tie, the first listed), else None. After a match
-    ``text`` is cut before the stop string, or after it when
-    ``include_stop_str_in_output``. ``num_safe_chars`` is how much of ``text``
-    can be streamed now; ``take_safe()`` returns the not-yet-streamed part.
-    """
-
-    def __init__(self, stop: Sequence[str], include_stop_str_in_output: bool = False):
-        self.stop = [s for s in stop if s]
-        self.include_stop_str_in_output = include_stop_str_in_output
-        self.max_len = max((len(s) for s in self.stop), default=0)
-        self.text = ""
-        self.stopped: Optional[str] = None
-        self._sent = 0
-
-    def add(self, delta: str) -> Optional[str]:
-        if not self.stop:  # nothing to find
-            self.text += delta
-            return None
-        if self.stopped is not None:
-            return self.stopped
-        start = max(len(self.text) - self.max_len + 1, 0)
-        self.text += delta
-        best: Optional[tuple[int, str]] = None
-        for s in self.stop:
-            i = self.text.find(s, start)
-            if i >= 0 and (best is None or i < best[0]):
-                best = (i, s)
-        if best is None:
-            return None
-        i, s = best
-        self.text = self.text[:i + len(s)] if self.include_stop_str_in_output else self.text[:i]
-        self.stopped = s
-        return s
-
-    @property
-    def num_safe_chars(self) -> int:
-        if self.stopped is not None or not self.stop:
-            return len(self.text)
-        t = self.text
-        for n in range(min(self.max_len - 1, len(t)), 0, -1):
-            tail = t[-n:]
-            if any(s.startswith(tail) for s in self.stop):
-                return len(t) - n
-        return len(t)
-
-    def take_safe(self) -> str:
-        """The safe text not returned before (for streaming)."""
-        end = max(self.num_safe_chars, self._sent)
-        out = self.text[self._sent:end]
-        self._sent = end
-        return out
