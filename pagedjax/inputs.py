@@ -109,11 +109,10 @@ class Buckets:
 
 def prepare(buckets: Buckets, rows, sample_rows: Sequence[SampleRow], prompt_lp: dict[str, int],
         prompt_tokens: dict[str, list[int]] | None, token_src: dict[str, int] | None,
-        vocab_size: int, max_model_len: int, lora_slots=None, tables: PageTables | None = None):
+        vocab_size: int, max_model_len: int, lora_slots=None, *, tables: PageTables):
     """Host-side padding. Returns (BatchInputs numpy pytree, SamplingTensors, statics).
     ``lora_slots``: each row's LoRA slot (-1: none), None when LoRA is off.
-    ``tables``: page-table rows kept between steps (page_table.py); without it the
-    table is built from the rows' page lists."""
+    ``tables``: the caller's page-table rows kept between steps (page_table.py)."""
     ps = buckets.page_size
     num_tokens = sum(len(r.token_ids) for r in rows)
     decode = all(len(r.token_ids) == 1 for r in rows)
@@ -144,19 +143,8 @@ def prepare(buckets: Buckets, rows, sample_rows: Sequence[SampleRow], prompt_lp:
     slots = np.zeros(t, np.int32)
     kv_lens = np.zeros(s, np.int32)
     kv_lens[:n_rows] = starts + lens
-    if tables is not None:
-        page_table = tables.gather(rows, p, s)
-        slots[:num_tokens] = page_table[row_of, pos // ps] * ps + pos % ps
-    else:
-        npages = np.fromiter((len(r.page_ids) for r in rows), np.int64, n_rows)
-        flat_pages = np.fromiter(chain(r.page_ids for r in rows), np.int64, int(npages.sum()))
-        page_offs = np.cumsum(npages) - npages
-        slots[:num_tokens] = flat_pages[page_offs[row_of] + pos // ps] * ps + pos % ps
-        page_table = np.zeros((s, p), np.int32)
-        row_of_page = np.repeat(np.arange(n_rows), npages)
-        col = np.arange(len(flat_pages)) - page_offs[row_of_page]
-        keep = col < p
-        page_table[row_of_page[keep], col[keep]] = flat_pages[keep]
+    page_table = tables.gather(rows, p, s)
+    slots[:num_tokens] = page_table[row_of, pos // ps] * ps + pos % ps
     cu = np.zeros(s + 1, np.int32)
     cu[1:n_rows + 1] = ends
     cu[n_rows + 1:] = num_tokens

@@ -207,7 +207,7 @@ class Runner:
             lora_slots = [-1] * len(rows)
         return prepare(self.buckets, rows, sample_rows, prompt_lp, prompt_tokens, token_src,
                        self.vocab_size, self.max_model_len,
-                       lora_slots if self.lora_enabled else None, self.page_tables)
+                       lora_slots if self.lora_enabled else None, tables=self.page_tables)
 
     def launch(self, rows, sample_rows: Sequence[SampleRow],
                prompt_lp: dict[str, int] | None = None,

@@ -36,6 +36,7 @@ from kernels_pallas import copy_pages
 from pagedjax import sampler as sampler_mod
 from pagedjax.inputs import SampleRow, pow2, prepare
 from pagedjax.packing import pack, unpack
+from pagedjax.page_table import PageTables
 from pagedjax.scheduler import ScheduledRow
 from pagedjax.spec_decode import rejection
 
@@ -48,6 +49,8 @@ class DraftModel:
         self.kv_caches = kv_caches
         self.k = k
         self.buckets = buckets
+        # The draft's own page-table rows (the same pages as the target's tables).
+        self.page_tables = PageTables(buckets.p_buckets()[-1], 2 * buckets.max_num_seqs + 8)
         self.plan = plan
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
@@ -99,10 +102,10 @@ class DraftModel:
         ((row index, RowState)). Returns (tokens device i32[R], probs f32[R, V])."""
         srows = [SampleRow(rows[i].request_id, i, st, None) for i, st in states]
         batch, st, sample_index, _, _, _ = prepare(self.buckets, rows, srows, {}, None, None,
-                                                   self.vocab_size, self.max_model_len)
+                                                   self.vocab_size, self.max_model_len,
+                                                   tables=self.page_tables)
         bufs, spec = pack(batch)
         sbufs, sspec = pack((st, sample_index))
-        bufs, sbufs = jax.device_put((bufs, sbufs))
         tok, probs, self.kv_caches = self._step(self.params, self.kv_caches, bufs, sbufs,
                                                 spec=spec, sspec=sspec, plan=self.plan)
         self.num_steps += 1
