@@ -179,9 +179,7 @@ class OutputProcessor:
         outputs = []
         final_only = RequestOutputKind.FINAL_ONLY
         for rid, st in touched.items():
-            seqs = st.seqs
-            if (seqs[0].finish_reason is not None if len(seqs) == 1 else
-                    all(s.finish_reason is not None for s in seqs.values())):
+            if all(s.finish_reason is not None for s in st.seqs.values()):
                 st.finished = True
                 st.metrics.finished_time = now
                 self.finished_metrics.append(st.metrics)

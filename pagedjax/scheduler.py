@@ -223,9 +223,9 @@ class Scheduler:
         i = 0
         while i < len(running) and budget > 0 and len(rows) < max_rows:
             req = running[i]
-            num_new = min(len(req.prompt_token_ids) + len(req.output_token_ids) + req.num_pending
-                          + len(req.spec_token_ids) - req.num_computed_tokens, budget)
-            if num_new <= 0 or (req.num_pending and self._length_capped(req)):
+            num_new = min(req.num_tokens_with_pending + len(req.spec_token_ids)
+                          - req.num_computed_tokens, budget)
+            if num_new <= 0 or self._length_capped(req):
                 i += 1
                 continue
             cow = self._reserve(req, num_new)
@@ -364,7 +364,7 @@ class Scheduler:
         """The row, with the request advanced past it (and a placeholder if it samples)."""
         start = req.num_computed_tokens
         samples = 0
-        with_pending = len(req.prompt_token_ids) + len(req.output_token_ids) + req.num_pending
+        with_pending = req.num_tokens_with_pending
         if req.spec_token_ids:
             spec = req.spec_token_ids[:max(0, num_new - (with_pending - start))]
             req.spec_token_ids = []
@@ -388,13 +388,13 @@ class Scheduler:
         changed: list[Request] = []
         finished_waiting = []
         requests, caching = self.requests, self.enable_prefix_caching
-        running = RequestStatus.RUNNING
+        RUNNING = RequestStatus.RUNNING
         any_finished = False
         for row in output.rows:
             req = requests.get(row.request_id)
             if req is None:
                 continue  # finished or aborted since it was scheduled
-            if caching and req.status is running:
+            if caching and req.status is RUNNING:
                 self._register(req)
             if row.num_samples == 0:
                 continue
@@ -417,7 +417,7 @@ class Scheduler:
                 family = [req] + self._fork_children(req, len(tokens) - 1, end)
             for member, token in zip(family, tokens):
                 member.output_token_ids.append(int(token))
-                was_waiting = member.status is not running
+                was_waiting = member.status is not RUNNING
                 if member.check_stop(min(member.max_model_len, self.max_seq_len)):
                     any_finished = True
                     if was_waiting:
