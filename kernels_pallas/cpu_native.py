@@ -19,6 +19,9 @@ seconds once per machine. Without a compiler, ``available()`` is False and
 float32, bfloat16, int8 or float8_e4m3fn (with scales), head_dim a multiple of
 8. Other cases run the reference. ``matmul``: float32 ``x @ w`` (or
 ``x @ w.T``); the models use it for steps of few tokens (models/layers.py).
+Its int8-weight variant, ``(x @ q) * scale`` with q read as int8, is
+``kernels_pallas/cpu_qmatmul.{py,cc}`` (its own library, built by ``build``
+here); the models route int8 weights to it for the same steps.
 """
 
 from __future__ import annotations

@@ -53,7 +53,9 @@ class ExecutionPlan:
     attn_backend        kernels_pallas backend of every layer: "xla",
                         "cpu_native", "pallas_gpu", "pallas_tpu"
     native_matmul_rows  float32 matmuls with at most this many rows run the
-                        C++ CPU kernel (kernels_pallas.cpu_native.matmul); 0: never
+                        C++ CPU kernel (kernels_pallas.cpu_native.matmul), and
+                        their products with int8 weights the C++ int8 kernel
+                        (kernels_pallas.cpu_qmatmul) on one device; 0: never
     mesh, tp_axis       tensor parallelism: the custom kernels (everything but
                         "xla") run per device through shard_map over KV heads
     attention_fn        replaces kernels_pallas.ragged_paged_attention (same

@@ -143,12 +143,33 @@ def activation(name: str) -> Callable[[jax.Array], jax.Array]:
 # Decode steps multiply a handful of rows by every weight, where XLA:CPU's
 # GEMM runs well below the memory-bandwidth limit; the runner's plan routes
 # float32 matmuls of at most ``plan.native_matmul_rows`` rows to the C++ kernel
-# (kernels_pallas/cpu_native.cc) on the cpu_native backend.
+# (kernels_pallas/cpu_native.cc) on the cpu_native backend, and the same rows'
+# products with int8 weights to the C++ int8 kernel (kernels_pallas/cpu_qmatmul.cc).
 
 
 def _native(x: jax.Array, w: jax.Array, plan: ExecutionPlan) -> bool:
     f32 = jnp.dtype(jnp.float32)
     return 0 < x.shape[0] <= plan.native_matmul_rows and x.dtype == f32 and w.dtype == f32
+
+
+def native_int8(x: jax.Array, plan: ExecutionPlan) -> bool:
+    """Whether ``x``'s product with an int8 weight runs in the C++ kernel: the float32
+    rule (at most ``plan.native_matmul_rows`` float32 rows), on one device."""
+    return (plan.mesh is None and 0 < x.shape[0] <= plan.native_matmul_rows
+            and x.dtype == jnp.dtype(jnp.float32))
+
+
+def int8_matmul(x: jax.Array, q: jax.Array, scale: jax.Array, *,
+                transposed: bool = False) -> jax.Array:
+    """``(x [T, In] @ q [In, ...Out]) * scale [...Out]`` in the C++ int8 kernel
+    (kernels_pallas/cpu_qmatmul.cc), or ``x @ q[Out, In].T * scale[Out]`` when
+    ``transposed`` (the tied LM head) -> ``[T, ...Out]``."""
+    from kernels_pallas import cpu_qmatmul
+
+    if transposed:
+        return cpu_qmatmul.qmatmul(x, q, scale, transposed=True)
+    y = cpu_qmatmul.qmatmul(x, q.reshape(q.shape[0], -1), scale.reshape(-1))
+    return y.reshape(x.shape[0], *q.shape[1:])
 
 
 def matmul(x: jax.Array, w: jax.Array, plan: ExecutionPlan = DEFAULT_PLAN, *,

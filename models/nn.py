@@ -68,9 +68,14 @@ def weight_value(w, dtype) -> jax.Array:
 
 def qmatmul(x: jax.Array, w, plan: ExecutionPlan) -> jax.Array:
     """``x [T, In] @ w [In, ...Out]`` for a float or quantized weight ([T, ...Out])."""
-    # Dequantized chunk by chunk on one device for steps of few rows; whole for many rows
-    # (one dequantization then serves them all) and under tensor parallelism (a scan over
-    # a sharded In axis would make GSPMD gather the weight).
+    # int8 in the C++ kernel where the plan runs float32 matmuls of these rows there (the
+    # weight read as int8, never widened in memory). Otherwise dequantized chunk by chunk
+    # on one device for steps of few rows; whole for many rows (one dequantization then
+    # serves them all) and under tensor parallelism (a scan over a sharded In axis would
+    # make GSPMD gather the weight).
+    if isinstance(w, QuantizedWeight) and w.kind == "int8" and L.native_int8(x, plan):
+        c = w.components()
+        return L.int8_matmul(x, c["q"], c["scale"])
     if isinstance(w, QuantizedWeight) and Q.chunked(x.shape[0], plan.mesh):
         return Q.chunked_matmul(w.kind, w.components(), x, lambda a, b: L.matmul(a, b, plan))
     if isinstance(w, QuantizedWeight) and w.kind == "int8":  # scale after the matmul
@@ -119,6 +124,9 @@ class Embed(nnx.Module):
     def attend(self, x: jax.Array, plan: ExecutionPlan = DEFAULT_PLAN) -> jax.Array:
         """x [R, H] -> [R, V] (x @ embedding.T)."""
         w = self.embedding
+        if isinstance(w, QuantizedWeight) and w.kind == "int8" and L.native_int8(x, plan):
+            c = w.components()
+            return L.int8_matmul(x, c["q"], c["scale"], transposed=True)
         if isinstance(w, QuantizedWeight) and Q.chunked(x.shape[0], plan.mesh):  # vocab chunks
             return Q.chunked_matmul_t(w.kind, w.components(), x,
                                       lambda a, b: L.matmul(a, b, plan, transposed=True))
