@@ -14,8 +14,12 @@
 // kChunk keys, each chunk folded into a running (max, sum, acc) softmax
 // (flash-attention style). Keys are read straight from the pool (a head's
 // keys of one page are one contiguous [page_size, D] block); quantized and
-// bf16 pages are widened to f32 a chunk at a time. Items run on XLA's
-// intra-op thread pool, largest first, claimed from an atomic counter.
+// bf16 pages are widened to f32 a chunk at a time (with AVX2, bf16 rows are
+// widened in registers instead: cpu_attention_avx2.h, whose register tiles
+// load each key and value row once per group of query vectors and prefetch
+// the next chunk's rows while a chunk is folded). Items run on XLA's
+// intra-op thread pool, largest first, claimed from an atomic counter one
+// ahead (so the next item's first keys can be prefetched).
 
 #include <algorithm>
 #include <atomic>
@@ -31,6 +35,7 @@
 #define PAGEDJAX_AVX2 1
 #endif
 
+#include "cpu_attention_avx2.h"
 #include "cpu_simd.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -162,11 +167,14 @@ struct Item {
 
 struct Scratch {
   std::vector<float> qbuf, acc, scores, mrow, lrow, alpha, kbuf, vbuf, zero;
-  std::vector<const float*> kp, vp;
+  std::vector<const void*> kp, vp;  // the chunk's key / value rows (f32, or bf16 in place)
   explicit Scratch(int64_t D)
       : qbuf(kMaxTile * D), acc(kMaxTile * D), scores(kMaxTile * kChunk),
         mrow(kMaxTile), lrow(kMaxTile), alpha(kMaxTile), kbuf(kChunk * D), vbuf(kChunk * D), zero(D),
         kp(kChunk), vp(kChunk) {}
+#ifdef PAGEDJAX_AVX2
+  pagedjax_attn::Prefetch pf;  // the rows to prefetch during the next fold
+#endif
 };
 
 // Element offset of (page, kv, head, slot, 0) in the pool.
@@ -178,7 +186,7 @@ inline int64_t pool_offset(const Problem& pr, int64_t page, int kv, int64_t h, i
 // (a page's keys of one head are consecutive rows); widened into buf unless
 // the pool is f32 already.
 void chunk_rows(const Problem& pr, const int32_t* table, int64_t kh, int kv, int64_t start,
-                int64_t n, float* buf, const float** rows) {
+                int64_t n, float* buf, const void** rows) {
   const int64_t D = pr.D;
   for (int64_t j = 0; j < n;) {
     const int64_t key = start + j;
@@ -190,6 +198,11 @@ void chunk_rows(const Problem& pr, const int32_t* table, int64_t kh, int kv, int
     if (pr.kv_type == kKVF32) {
       const float* src = static_cast<const float*>(pr.kv) + off;
       for (int64_t c = 0; c < cnt; ++c) rows[j + c] = src + c * D;
+#ifdef PAGEDJAX_AVX2
+    } else if (pr.kv_type == kKVBF16) {  // widened in registers (cpu_attention_avx2.h)
+      const uint16_t* src = static_cast<const uint16_t*>(pr.kv) + off;
+      for (int64_t c = 0; c < cnt; ++c) rows[j + c] = src + c * D;
+#endif
     } else {
       float* dst = buf + j * D;
       const int64_t e = cnt * D;
@@ -247,7 +260,7 @@ void fold_chunk(const Problem& pr, Scratch& w, int64_t M, int64_t pos0, int64_t 
     float* sc = w.scores.data() + m * kChunk;
     float mx = kNegInf;
     for (int64_t j = jlo; j < jhi; ++j) {
-      float x = dot(qm, w.kp[j], D);
+      float x = dot(qm, static_cast<const float*>(w.kp[j]), D);
       if (pr.soft_cap > 0) x = pr.soft_cap * std::tanh(x / pr.soft_cap);
       sc[j] = x;
       mx = std::max(mx, x);
@@ -265,7 +278,7 @@ void fold_chunk(const Problem& pr, Scratch& w, int64_t M, int64_t pos0, int64_t 
     float* am = w.acc.data() + m * D;
     for (int64_t d = 0; d < D; d += 8) {
       v8f a = load8(am + d) * alpha;
-      for (int64_t j = jlo; j < jhi; ++j) a += sc[j] * load8(w.vp[j] + d);
+      for (int64_t j = jlo; j < jhi; ++j) a += sc[j] * load8(static_cast<const float*>(w.vp[j]) + d);
       store8(am + d, a);
     }
   }
@@ -297,11 +310,51 @@ inline __m256 exp_nonpos8(__m256 x) {
   return _mm256_and_ps(r, _mm256_cmp_ps(x, lim, _CMP_GE_OQ));
 }
 
-// fold_chunk with AVX2: scores one query vector x 8 keys at a time (8
-// partial dot products reduced with one transpose-add), the softmax 8 keys
-// at a time, P.V four query vectors x 16 dims at a time.
+// The running softmax of query vector m over the chunk's scores sc[0, n8):
+// masked to [jlo, jhi), max, exp, sum; sc becomes P (0 outside the range).
+void softmax_row(Scratch& w, int64_t m, float* sc, int64_t jlo, int64_t jhi, int64_t n8) {
+  const __m256 iota = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256 neg = _mm256_set1_ps(kNegInf);
+  const int64_t jb0 = jlo & ~int64_t(7);
+  const __m256 lo = _mm256_set1_ps(float(jlo)), hi = _mm256_set1_ps(float(jhi));
+  __m256 mx = neg;
+  for (int64_t j = jb0; j < jhi; j += 8) {
+    __m256 idx = _mm256_add_ps(iota, _mm256_set1_ps(float(j)));
+    __m256 ok = _mm256_and_ps(_mm256_cmp_ps(idx, lo, _CMP_GE_OQ), _mm256_cmp_ps(idx, hi, _CMP_LT_OQ));
+    mx = _mm256_max_ps(mx, _mm256_blendv_ps(neg, _mm256_loadu_ps(sc + j), ok));
+  }
+  alignas(32) float t[8];
+  _mm256_store_ps(t, mx);
+  float mxs = t[0];
+  for (int k = 1; k < 8; ++k) mxs = std::max(mxs, t[k]);
+  const float m_new = std::max(w.mrow[m], mxs);
+  const float alpha = exp_nonpos(w.mrow[m] - m_new);
+  const __m256 mn = _mm256_set1_ps(m_new);
+  __m256 sum = _mm256_setzero_ps();
+  for (int64_t j = 0; j < n8; j += 8) {
+    __m256 idx = _mm256_add_ps(iota, _mm256_set1_ps(float(j)));
+    __m256 ok = _mm256_and_ps(_mm256_cmp_ps(idx, lo, _CMP_GE_OQ), _mm256_cmp_ps(idx, hi, _CMP_LT_OQ));
+    __m256 p = _mm256_setzero_ps();
+    if (j + 8 > jb0 && j < jhi)
+      p = _mm256_and_ps(exp_nonpos8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), mn)), ok);
+    sum = _mm256_add_ps(sum, p);
+    _mm256_storeu_ps(sc + j, p);
+  }
+  _mm256_store_ps(t, sum);
+  w.mrow[m] = m_new;
+  w.lrow[m] = w.lrow[m] * alpha + (((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7])));
+  w.alpha[m] = alpha;
+}
+
+// fold_chunk with AVX2 (the register tiles in cpu_attention_avx2.h): the
+// tile's query vectors in groups of kQB, each key and value row loaded once
+// per group; scores 4 keys at a time, the softmax 8 keys at a time, P.V 32
+// dims at a time. T: the rows' element type (float, or uint16_t for bf16
+// pages read in place). pf: the rows to prefetch meanwhile (or null).
+template <typename T>
 void fold_chunk_avx2(const Problem& pr, Scratch& w, int64_t M, int64_t pos0, int64_t start,
-                     int64_t n) {
+                     int64_t n, const pagedjax_attn::Prefetch* pf) {
+  using pagedjax_attn::kQB;
   const int64_t D = pr.D, G = pr.G;
   const int64_t n8 = (n + 7) & ~int64_t(7);
   for (int64_t j = n; j < n8; ++j) w.kp[j] = w.zero.data();  // padding keys: zero rows
@@ -311,120 +364,97 @@ void fold_chunk_avx2(const Problem& pr, Scratch& w, int64_t M, int64_t pos0, int
     jhi[m] = std::min<int64_t>(n, pos - start + 1);
     jlo[m] = pr.window > 0 ? std::max<int64_t>(0, pos - pr.window + 1 - start) : 0;
   }
-  const __m256 iota = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
-  const __m256 neg = _mm256_set1_ps(kNegInf);
+  // Keys any row of group [m0, m0 + mb) sees: [j0, j1), empty when none.
+  auto span = [&](int64_t m0, int64_t mb, int64_t& j0, int64_t& j1) {
+    j0 = n;
+    j1 = 0;
+    for (int64_t r = m0; r < m0 + mb; ++r) {
+      if (jhi[r] <= jlo[r]) continue;
+      j0 = std::min(j0, jlo[r]);
+      j1 = std::max(j1, jhi[r]);
+    }
+  };
+  int64_t pf_k = 0, pf_v = 0;  // rows of pf prefetched so far
+  for (int64_t m0 = 0; m0 < M; m0 += kQB) {
+    const int64_t mb = std::min<int64_t>(kQB, M - m0);
+    int64_t j0, j1;
+    span(m0, mb, j0, j1);
+    if (j1 <= j0) continue;
+    j0 &= ~int64_t(3);
+    j1 = (j1 + 3) & ~int64_t(3);
+    const bool lead = pf != nullptr && pf_k == 0;
+    pagedjax_attn::scores_group<T>(int(mb), w.qbuf.data() + m0 * D, D, w.kp.data(), j0, j1,
+                                   w.scores.data() + m0 * kChunk, kChunk, lead ? pf : nullptr);
+    if (lead) pf_k = std::min(j1 - j0, pf->n);
+  }
   for (int64_t m = 0; m < M; ++m) {
     float* sc = w.scores.data() + m * kChunk;
     if (jhi[m] <= jlo[m]) {  // nothing visible: P row 0, state unchanged
       std::fill(sc, sc + n8, 0.0f);
+      w.alpha[m] = 1.0f;
       continue;
     }
-    const float* qm = w.qbuf.data() + m * D;
-    const int64_t jb0 = jlo[m] & ~int64_t(7);
-    for (int64_t j = jb0; j < jhi[m]; j += 8) {
-      __m256 a[8];
-      for (int k = 0; k < 8; ++k) a[k] = _mm256_setzero_ps();
-      const float* const* kp = w.kp.data() + j;
-      for (int64_t d = 0; d < D; d += 8) {
-        const __m256 qv = _mm256_loadu_ps(qm + d);
-        for (int k = 0; k < 8; ++k) a[k] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kp[k] + d), a[k]);
-      }
-      __m256 s = hsum8x8(a);
-      if (pr.soft_cap > 0) {  // rare (Gemma 2): scalar tanh
-        alignas(32) float t[8];
-        _mm256_store_ps(t, s);
-        for (int k = 0; k < 8; ++k) t[k] = pr.soft_cap * std::tanh(t[k] / pr.soft_cap);
-        s = _mm256_load_ps(t);
-      }
-      _mm256_storeu_ps(sc + j, s);
-    }
-    // Mask to [jlo, jhi), max, exp, sum.
-    const __m256 lo = _mm256_set1_ps(float(jlo[m])), hi = _mm256_set1_ps(float(jhi[m]));
-    __m256 mx = neg;
-    for (int64_t j = jb0; j < jhi[m]; j += 8) {
-      __m256 idx = _mm256_add_ps(iota, _mm256_set1_ps(float(j)));
-      __m256 ok = _mm256_and_ps(_mm256_cmp_ps(idx, lo, _CMP_GE_OQ), _mm256_cmp_ps(idx, hi, _CMP_LT_OQ));
-      mx = _mm256_max_ps(mx, _mm256_blendv_ps(neg, _mm256_loadu_ps(sc + j), ok));
-    }
-    alignas(32) float t[8];
-    _mm256_store_ps(t, mx);
-    float mxs = t[0];
-    for (int k = 1; k < 8; ++k) mxs = std::max(mxs, t[k]);
-    const float m_new = std::max(w.mrow[m], mxs);
-    const float alpha = exp_nonpos(w.mrow[m] - m_new);
-    const __m256 mn = _mm256_set1_ps(m_new);
-    __m256 sum = _mm256_setzero_ps();
-    for (int64_t j = 0; j < n8; j += 8) {
-      __m256 idx = _mm256_add_ps(iota, _mm256_set1_ps(float(j)));
-      __m256 ok = _mm256_and_ps(_mm256_cmp_ps(idx, lo, _CMP_GE_OQ), _mm256_cmp_ps(idx, hi, _CMP_LT_OQ));
-      __m256 p = _mm256_setzero_ps();
-      if (j + 8 > jb0 && j < jhi[m])
-        p = _mm256_and_ps(exp_nonpos8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), mn)), ok);
-      sum = _mm256_add_ps(sum, p);
-      _mm256_storeu_ps(sc + j, p);
-    }
-    _mm256_store_ps(t, sum);
-    w.mrow[m] = m_new;
-    w.lrow[m] = w.lrow[m] * alpha + (((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7])));
-    w.alpha[m] = alpha;
+    if (pr.soft_cap > 0)  // rare (Gemma 2): scalar tanh
+      for (int64_t j = jlo[m]; j < jhi[m]; ++j) sc[j] = pr.soft_cap * std::tanh(sc[j] / pr.soft_cap);
+    softmax_row(w, m, sc, jlo[m], jhi[m], n8);
   }
-  // acc = acc * alpha + P.V, four query vectors x 16 dims per register block.
-  for (int64_t m0 = 0; m0 < M; m0 += 4) {
-    const int64_t mb = std::min<int64_t>(4, M - m0);
-    int64_t j0 = n, j1 = 0;  // keys any of these rows sees
-    for (int64_t r = 0; r < mb; ++r) {
-      if (jhi[m0 + r] <= jlo[m0 + r]) continue;
-      j0 = std::min(j0, jlo[m0 + r]);
-      j1 = std::max(j1, jhi[m0 + r]);
-    }
-    for (int64_t d = 0; d < D; d += 16) {
-      const bool two = d + 16 <= D;  // D % 8 == 0: the last block may be 8 wide
-      __m256 a0[4], a1[4];
-      for (int64_t r = 0; r < mb; ++r) {
-        float* am = w.acc.data() + (m0 + r) * D + d;
-        const __m256 al = _mm256_set1_ps(jhi[m0 + r] > jlo[m0 + r] ? w.alpha[m0 + r] : 1.0f);
-        a0[r] = _mm256_mul_ps(_mm256_loadu_ps(am), al);
-        a1[r] = two ? _mm256_mul_ps(_mm256_loadu_ps(am + 8), al) : _mm256_setzero_ps();
-      }
-      const float* sc = w.scores.data() + m0 * kChunk;
-      if (mb == 4 && two) {
-        for (int64_t j = j0; j < j1; ++j) {
-          const __m256 v0 = _mm256_loadu_ps(w.vp[j] + d), v1 = _mm256_loadu_ps(w.vp[j] + d + 8);
-          for (int r = 0; r < 4; ++r) {
-            const __m256 p = _mm256_broadcast_ss(sc + r * kChunk + j);
-            a0[r] = _mm256_fmadd_ps(p, v0, a0[r]);
-            a1[r] = _mm256_fmadd_ps(p, v1, a1[r]);
-          }
-        }
-      } else {
-        for (int64_t j = j0; j < j1; ++j) {
-          const __m256 v0 = _mm256_loadu_ps(w.vp[j] + d);
-          const __m256 v1 = two ? _mm256_loadu_ps(w.vp[j] + d + 8) : _mm256_setzero_ps();
-          for (int64_t r = 0; r < mb; ++r) {
-            const __m256 p = _mm256_broadcast_ss(sc + r * kChunk + j);
-            a0[r] = _mm256_fmadd_ps(p, v0, a0[r]);
-            a1[r] = _mm256_fmadd_ps(p, v1, a1[r]);
-          }
-        }
-      }
-      for (int64_t r = 0; r < mb; ++r) {
-        float* am = w.acc.data() + (m0 + r) * D + d;
-        _mm256_storeu_ps(am, a0[r]);
-        if (two) _mm256_storeu_ps(am + 8, a1[r]);
-      }
-    }
+  for (int64_t m0 = 0; m0 < M; m0 += kQB) {
+    const int64_t mb = std::min<int64_t>(kQB, M - m0);
+    int64_t j0, j1;
+    span(m0, mb, j0, j1);
+    if (j1 <= j0) continue;
+    const bool lead = pf != nullptr && pf_v == 0;
+    pagedjax_attn::pv_group<T>(int(mb), w.scores.data() + m0 * kChunk, kChunk, w.vp.data(), j0,
+                               j1, w.acc.data() + m0 * D, D, w.alpha.data() + m0,
+                               lead ? pf : nullptr);
+    if (lead) pf_v = std::min(j1 - j0, pf->n);
+  }
+  if (pf != nullptr) {  // rows no key block above reached
+    pagedjax_attn::prefetch_rows(pf->k, pf_k, pf->n, pf->bytes);
+    pagedjax_attn::prefetch_rows(pf->v, pf_v, pf->n, pf->bytes);
   }
 }
 #endif
 
-void run_item(const Problem& pr, const Item& it, Scratch& w) {
-  const int64_t D = pr.D, G = pr.G, s = it.seq;
+// An item's first row's position and the keys [lo, hi) its rows see.
+struct Span {
+  int64_t pos0, lo, hi;
+};
+Span item_span(const Problem& pr, const Item& it) {
+  const int64_t s = it.seq, q_len = pr.cu[s + 1] - pr.cu[s];
+  const int64_t pos0 = pr.kv_lens[s] - q_len + (it.row0 - pr.cu[s]);
+  return {pos0, pr.window > 0 ? std::max<int64_t>(0, pos0 - pr.window + 1) : 0,
+          std::min<int64_t>(pos0 + it.rows, pr.P * pr.ps)};
+}
+
+#ifdef PAGEDJAX_AVX2
+// The pool rows (keys and values, as stored) of item it's keys [start, min(hi, start + kChunk)).
+void plan_prefetch(const Problem& pr, const Item& it, int64_t start, int64_t hi,
+                   pagedjax_attn::Prefetch& pf) {
+  static_assert(kChunk <= int(sizeof(pf.k) / sizeof(pf.k[0])), "Prefetch holds a chunk");
+  const int64_t elt = pr.kv_type == kKVF32 ? 4 : pr.kv_type == kKVBF16 ? 2 : 1;
+  const int32_t* table = pr.page_table + it.seq * pr.P;
+  const char* kv = static_cast<const char*>(pr.kv);
+  pf.n = std::min<int64_t>(kChunk, hi - start);
+  pf.bytes = pr.D * elt;
+  for (int64_t j = 0; j < pf.n; ++j) {
+    int64_t page = table[(start + j) / pr.ps];
+    if (page < 0 || page >= pr.N) page = 0;
+    const int64_t slot = (start + j) % pr.ps;
+    pf.k[j] = kv + pool_offset(pr, page, 0, it.kh, slot) * elt;
+    pf.v[j] = kv + pool_offset(pr, page, 1, it.kh, slot) * elt;
+  }
+}
+#endif
+
+// One work item; `after` (or null): the item this thread runs next, whose
+// first keys are prefetched during this one's last chunk.
+void run_item(const Problem& pr, const Item& it, Scratch& w, const Item* after) {
+  const int64_t D = pr.D, G = pr.G;
   const int64_t M = int64_t(it.rows) * G;
-  const int32_t* table = pr.page_table + s * pr.P;
-  const int64_t q_len = pr.cu[s + 1] - pr.cu[s];
-  const int64_t pos0 = pr.kv_lens[s] - q_len + (it.row0 - pr.cu[s]);  // first row's position
-  const int64_t hi = std::min<int64_t>(pos0 + it.rows, pr.P * pr.ps);
-  const int64_t lo = pr.window > 0 ? std::max<int64_t>(0, pos0 - pr.window + 1) : 0;
+  const int32_t* table = pr.page_table + it.seq * pr.P;
+  const Span sp = item_span(pr, it);
+  const int64_t pos0 = sp.pos0, lo = sp.lo, hi = sp.hi;
 
   // The tile's query vectors, m = row * G + g (the q heads of KV head kh are
   // consecutive), scaled by sm_scale.
@@ -448,7 +478,21 @@ void run_item(const Problem& pr, const Item& it, Scratch& w) {
     chunk_rows(pr, table, it.kh, 0, start, n, w.kbuf.data(), w.kp.data());
     chunk_rows(pr, table, it.kh, 1, start, n, w.vbuf.data(), w.vp.data());
 #ifdef PAGEDJAX_AVX2
-    fold_chunk_avx2(pr, w, M, pos0, start, n);
+    const pagedjax_attn::Prefetch* pf = nullptr;
+    if (start + kChunk < hi) {
+      plan_prefetch(pr, it, start + kChunk, hi, w.pf);
+      pf = &w.pf;
+    } else if (after != nullptr) {
+      const Span next = item_span(pr, *after);
+      if (next.lo < next.hi) {
+        plan_prefetch(pr, *after, next.lo, next.hi, w.pf);
+        pf = &w.pf;
+      }
+    }
+    if (pr.kv_type == kKVBF16)
+      fold_chunk_avx2<uint16_t>(pr, w, M, pos0, start, n, pf);
+    else
+      fold_chunk_avx2<float>(pr, w, M, pos0, start, n, pf);
 #else
     fold_chunk(pr, w, M, pos0, start, n);
 #endif
@@ -478,14 +522,18 @@ struct Work {
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> done{0};
 
+  // Items are claimed one ahead, so that the next one's keys can be
+  // prefetched while this one finishes.
   void run() {
-    std::unique_ptr<Scratch> w;
-    for (;;) {
-      int64_t i = next.fetch_add(1, std::memory_order_relaxed);
-      if (i >= int64_t(items.size())) return;
-      if (!w) w = std::make_unique<Scratch>(pr.D);
-      run_item(pr, items[i], *w);
+    const int64_t n_items = int64_t(items.size());
+    int64_t i = next.fetch_add(1, std::memory_order_relaxed);
+    if (i >= n_items) return;
+    auto w = std::make_unique<Scratch>(pr.D);
+    while (i < n_items) {
+      const int64_t after = next.fetch_add(1, std::memory_order_relaxed);
+      run_item(pr, items[i], *w, after < n_items ? &items[after] : nullptr);
       done.fetch_add(1, std::memory_order_release);
+      i = after;
     }
   }
 };
