@@ -4,8 +4,11 @@ Attention: one layer with SmolLM2-135M's heads (9 q / 3 kv, head_dim 64,
 16-token pages placed at random) for 1, 8 and 64 decode rows and a 512-token
 prefill (8 chunks of 64); ``--attention-rows`` instead: a 30-layer decode step's
 attention at several row counts (how it scales with rows). Matmuls: 30 SmolLM2-sized layers (qkv, o, gate_up,
-down) plus the tied-embedding logits, at 1..128 rows. Each figure is the
-minimum of ``--reps`` runs of a jitted call. Prints a table, writes JSON.
+down) plus the tied-embedding logits, at 1..128 rows. ``--int8``: the same 30 layers
+and logits with int8 weights (kernels_pallas/cpu_qmatmul.cc) beside float32, each
+in C++ and in XLA (int8 in XLA: models/quant.py's chunked dequantization, the
+model's path without the kernel), cases alternating order between rounds. Each
+figure is the minimum of ``--reps`` runs of a jitted call. Prints a table, writes JSON.
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks.throughput import write_json  # noqa: E402
-from kernels_pallas import cpu_native, reference  # noqa: E402
+from kernels_pallas import cpu_native, cpu_qmatmul, reference  # noqa: E402
+from models import quant as Q  # noqa: E402
 
 DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "cpu_kernels.json")
+INT8_JSON = DEFAULT_JSON.replace("cpu_kernels.json", "cpu_kernels_int8.json")
 
 
 def _best_ms(f, args, reps):
@@ -124,16 +129,7 @@ def matmuls(reps, rows):
     ws = [(w(h, qkv), w(h, h), w(h, 2 * inter), w(inter, h)) for _ in range(layers)]
     emb = w(vocab, h)
 
-    def model(mm, mm_t):
-        def f(x, ws, emb):
-            for a, b, c, d in ws:
-                q = mm(x, a)
-                x = x + mm(x, b) * 0.01 + q[:, :h] * 0.01
-                gu = mm(x, c)
-                x = x + mm(jax.nn.silu(gu[:, :inter]) * gu[:, inter:], d) * 0.01
-            return mm_t(x, emb)
-        return jax.jit(f)
-
+    model = _layers_model
     fx = model(lambda x, w: x @ w, lambda x, e: x @ e.T)
     fn = model(cpu_native.matmul, lambda x, e: cpu_native.matmul(x, e, transposed=True))
     out = []
@@ -146,6 +142,83 @@ def matmuls(reps, rows):
     return out
 
 
+def _layers_model(mm, mm_t, h=576, inter=1536):
+    """30 SmolLM2-sized layers and the tied logits, ``mm(x, w)`` / ``mm_t(x, emb)`` the
+    products (each weight a float array or an int8 (q, scale) pair)."""
+    def f(x, ws, emb):
+        for a, b, c, d in ws:
+            q = mm(x, a)
+            x = x + mm(x, b) * 0.01 + q[:, :h] * 0.01
+            gu = mm(x, c)
+            x = x + mm(jax.nn.silu(gu[:, :inter]) * gu[:, inter:], d) * 0.01
+        return mm_t(x, emb)
+    return jax.jit(f)
+
+
+def _int8(w, axis):
+    c = Q.quantize_int8(np.asarray(w), axis)
+    return jnp.asarray(c["q"]), jnp.asarray(c["scale"])
+
+
+def int8_matmuls(reps, rows, rounds=3):
+    """Best ms of a 30-layer decode step's matmuls + logits: float32 and int8 weights,
+    C++ and XLA, at each row count; the four cases alternate order between rounds."""
+    rng = np.random.default_rng(0)
+    h, inter, vocab, qkv, layers = 576, 1536, 49152, 960, 30
+
+    def w(*shape):
+        return rng.standard_normal(shape, np.float32) * 0.05
+
+    host = [(w(h, qkv), w(h, h), w(h, 2 * inter), w(inter, h)) for _ in range(layers)]
+    emb = w(vocab, h)
+    f32 = ([tuple(jnp.asarray(a) for a in ly) for ly in host], jnp.asarray(emb))
+    i8 = ([tuple(_int8(a, 0) for a in ly) for ly in host], _int8(emb, -1))
+    del host
+
+    def xla_i8(x, c):
+        return Q.chunked_matmul("int8", {"q": c[0], "scale": c[1]}, x, lambda a, b: a @ b)
+
+    def xla_i8_t(x, c):
+        return Q.chunked_matmul_t("int8", {"q": c[0], "scale": c[1]}, x, lambda a, b: a @ b.T)
+
+    fns = {
+        ("float32", "C++"): (_layers_model(cpu_native.matmul, lambda x, e: cpu_native.matmul(
+            x, e, transposed=True)), f32),
+        ("float32", "XLA"): (_layers_model(lambda x, w: x @ w, lambda x, e: x @ e.T), f32),
+        ("int8", "C++"): (_layers_model(lambda x, c: cpu_qmatmul.qmatmul(x, *c), lambda x, c:
+                                        cpu_qmatmul.qmatmul(x, *c, transposed=True)), i8),
+        ("int8", "XLA"): (_layers_model(xla_i8, xla_i8_t), i8),
+    }
+    best, ref = {}, {}
+    xs = {m: jnp.asarray(rng.standard_normal((m, h), np.float32)) for m in rows}
+    for m in rows:
+        for key, (f, (ws, e)) in fns.items():
+            ref[m, key] = np.asarray(f(xs[m], ws, e))  # compiles
+            best[m, key] = float("inf")
+    for k in range(rounds):
+        for m in rows:
+            for key in (list(fns) if k % 2 == 0 else list(fns)[::-1]):
+                f, (ws, e) = fns[key]
+                best[m, key] = min(best[m, key], _best_ms(f, (xs[m], ws, e), reps))
+    out = []
+    for m in rows:
+        for key in fns:
+            base = ref[m, (key[0], "XLA")]
+            out.append({"rows": m, "weights": key[0], "kernel": key[1], "ms": best[m, key],
+                        "rel_err_vs_xla": float(np.linalg.norm(ref[m, key] - base)
+                                                / np.linalg.norm(base))})
+    return out
+
+
+def _print_int8(rows):
+    print(f"{'30 layers + logits':<20}{'weights':>9}{'kernel':>8}{'ms':>9}"
+          f"{'vs f32 XLA':>12}{'rel err':>10}")
+    base = {r["rows"]: r["ms"] for r in rows if r["weights"] == "float32" and r["kernel"] == "XLA"}
+    for r in rows:
+        print(f"{str(r['rows']) + ' rows':<20}{r['weights']:>9}{r['kernel']:>8}{r['ms']:>9.1f}"
+              f"{base[r['rows']] / r['ms']:>11.2f}x{r['rel_err_vs_xla']:>10.1e}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reps", type=int, default=10)
@@ -155,10 +228,21 @@ def main(argv=None) -> int:
                         "(e.g. 16,64,128,256)")
     p.add_argument("--attention-kv-dtypes", default="f32",
                    help="page dtypes for --attention-rows (f32,bf16,int8,fp8)")
-    p.add_argument("--json", default=DEFAULT_JSON)
+    p.add_argument("--json", default=None,
+                   help=f"default {DEFAULT_JSON} (--int8: {INT8_JSON})")
+    p.add_argument("--int8", action="store_true",
+                   help="only the matmuls with int8 weights beside float32 (C++ and XLA)")
     ns = p.parse_args(argv)
     if not cpu_native.available():
         raise SystemExit(f"cpu_native is unavailable: {cpu_native.unavailable_reason()}")
+    if ns.int8:
+        if not cpu_qmatmul.available():
+            raise SystemExit(f"cpu_qmatmul is unavailable: {cpu_qmatmul.unavailable_reason()}")
+        rows = int8_matmuls(ns.reps, [int(x) for x in ns.rows.split(",")])
+        _print_int8(rows)
+        write_json({"benchmark": "cpu_kernels_int8_matmuls", "jax": jax.__version__,
+                    "loadavg": os.getloadavg(), "int8_matmuls": rows}, ns.json or INT8_JSON)
+        return 0
     if ns.attention_rows:
         sc = attention_scaling(ns.reps, [int(x) for x in ns.attention_rows.split(",")],
                                ns.attention_kv_dtypes.split(","))
@@ -168,7 +252,7 @@ def main(argv=None) -> int:
             print(f"{str(r['rows']) + ' rows':<18}{r['kv_dtype']:>6}{r['ms']:>15.1f}"
                   f"{r['ms_per_row']:>12.3f}{r['kv_gb_s']:>9.1f}")
         write_json({"benchmark": "cpu_kernels_attention_scaling", "jax": jax.__version__,
-                    "attention_scaling": sc}, ns.json)
+                    "attention_scaling": sc}, ns.json or DEFAULT_JSON)
         return 0
     att = attention(ns.reps)
     print(f"{'attention, one layer':<24}{'cpu_native ms':>14}{'xla ms':>10}{'rel err':>10}")
@@ -179,7 +263,7 @@ def main(argv=None) -> int:
     for r in mm:
         print(f"{str(r['rows']) + ' rows':<24}{r['cpu_native_ms']:>14.1f}{r['xla_ms']:>10.1f}{r['rel_err']:>10.1e}")
     write_json({"benchmark": "cpu_kernels", "jax": jax.__version__, "attention": att,
-                "matmuls": mm}, ns.json)
+                "matmuls": mm}, ns.json or DEFAULT_JSON)
     return 0
 
 

@@ -16,10 +16,13 @@
 // Work split, as in cpu_native.cc's float32 few-row matmul: q [K, N] is split
 // along K into one contiguous part per thread of XLA's intra-op pool (partial
 // sums added at the end), each part read kKC rows at a time (kKC sequential
-// streams), 16-column strips widened into the panel, 6 x 16 register tiles;
-// q [N, K] is split along N into tasks of kNB rows, 4 rows of q widened at a
-// time and dotted with 2 rows of x at a time. The split depends on K, N and
-// the pool only (never on M): a row's result does not depend on the batch.
+// streams), 6 x 16 register tiles (up to 6 rows of x: each 16-column strip
+// widened in registers; more: widened once into the panel, which every 6-row
+// group reuses); q [N, K] is split along N into tasks of kNB rows, 4 rows of q
+// at a time (widened in registers for up to 2 rows of x, else into a buffer)
+// dotted with 2 rows of x at a time. The split depends on K, N and the pool
+// only (never on M), and every path sums in the same order: a row's result
+// does not depend on the batch.
 
 #include <algorithm>
 #include <atomic>
@@ -115,6 +118,58 @@ inline void tile(const float* x, int64_t K, const float* p, float* y, int64_t ld
 #endif
 }
 
+// The same tile with the 16 columns widened straight from q (row stride ldq) into
+// registers: for up to 6 rows of x, where the panel would be used once. The same
+// values in the same FMA chains as tile(): the same bits.
+template <int MR>
+inline void tile_direct(const float* x, int64_t K, const int8_t* q, int64_t ldq, float* y,
+                        int64_t ldy, int64_t kc, bool first) {
+#ifdef __AVX512F__
+  __m512 c[MR];
+  for (int r = 0; r < MR; ++r) c[r] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(y + r * ldy);
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + k * ldq));
+    const __m512 b = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(raw));
+    for (int r = 0; r < MR; ++r) c[r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * K + k]), b, c[r]);
+  }
+  for (int r = 0; r < MR; ++r) _mm512_storeu_ps(y + r * ldy, c[r]);
+#else
+  __m256 c0[MR], c1[MR];
+  for (int r = 0; r < MR; ++r) {
+    c0[r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + r * ldy);
+    c1[r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + r * ldy + 8);
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    const int8_t* qk = q + k * ldq;
+    const __m256 b0 = _mm256_cvtepi32_ps(
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qk))));
+    const __m256 b1 = _mm256_cvtepi32_ps(
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qk + 8))));
+    for (int r = 0; r < MR; ++r) {
+      const __m256 a = _mm256_broadcast_ss(x + r * K + k);
+      c0[r] = _mm256_fmadd_ps(a, b0, c0[r]);
+      c1[r] = _mm256_fmadd_ps(a, b1, c1[r]);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    _mm256_storeu_ps(y + r * ldy, c0[r]);
+    _mm256_storeu_ps(y + r * ldy + 8, c1[r]);
+  }
+#endif
+}
+
+inline void tile_direct_rows(int rows, const float* x, int64_t K, const int8_t* q, int64_t ldq,
+                             float* y, int64_t ldy, int64_t kc, bool first) {
+  switch (rows) {
+    case 6: tile_direct<6>(x, K, q, ldq, y, ldy, kc, first); break;
+    case 5: tile_direct<5>(x, K, q, ldq, y, ldy, kc, first); break;
+    case 4: tile_direct<4>(x, K, q, ldq, y, ldy, kc, first); break;
+    case 3: tile_direct<3>(x, K, q, ldq, y, ldy, kc, first); break;
+    case 2: tile_direct<2>(x, K, q, ldq, y, ldy, kc, first); break;
+    default: tile_direct<1>(x, K, q, ldq, y, ldy, kc, first); break;
+  }
+}
+
 inline void tile_rows(int rows, const float* x, int64_t K, const float* p, float* y, int64_t ldy,
                       int64_t kc, bool first) {
   switch (rows) {
@@ -162,6 +217,10 @@ void part_nn(const QWork& w, int64_t k0, int64_t k1, float* out) {
     const int64_t kc = std::min(kKC, k1 - kb);
     const bool first = kb == k0;
     for (int64_t j = 0; j < n16; j += 16) {
+      if (M <= 6) {  // one row group: widen in registers
+        tile_direct_rows(int(M), w.x + kb, K, w.q + kb * N + j, N, out + j, N, kc, first);
+        continue;
+      }
       for (int64_t k = 0; k < kc; ++k) widen(w.q + (kb + k) * N + j, 16, panel + k * 16);
       for (int64_t m0 = 0; m0 < M; m0 += 6)
         tile_rows(int(std::min<int64_t>(6, M - m0)), w.x + m0 * K + kb, K, panel,
@@ -173,51 +232,74 @@ void part_nn(const QWork& w, int64_t k0, int64_t k1, float* out) {
   scalar_columns(w, n16, w.N, k0, k1, out);
 }
 
-// Rows [n0, n1) of q [N, K]: y[:, n0:n1] = (x @ q[n0:n1]^T) * scale[n0:n1]; buf holds 4*K floats.
+#ifdef PAGEDJAX_AVX2
+inline __m256 load8f(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8f(const int8_t* p) {  // 8 int8 widened in registers (exact)
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+      _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+// y[m0:M, n:n+4] = (x[m0:M] @ rows^T) * sc for 4 rows of q of K values each (K % 8 == 0),
+// read as floats (widened in a buffer) or as int8 (widened here): the same sums.
+template <typename T>
+void rows4_nt(const QWork& w, const T* w0, const T* w1, const T* w2, const T* w3, int64_t n,
+              int64_t m0) {
+  const int64_t M = w.M, K = w.K, N = w.N;
+  const __m128 sc = _mm_loadu_ps(w.scale + n);
+  int64_t m = m0;
+  for (; m + 2 <= M; m += 2) {
+    const float* xa = w.x + m * K;
+    const float* xb = xa + K;
+    __m256 a[8];
+    for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k += 8) {
+      const __m256 u = _mm256_loadu_ps(xa + k), v = _mm256_loadu_ps(xb + k);
+      const __m256 b0 = load8f(w0 + k), b1 = load8f(w1 + k);
+      const __m256 b2 = load8f(w2 + k), b3 = load8f(w3 + k);
+      a[0] = _mm256_fmadd_ps(u, b0, a[0]);
+      a[1] = _mm256_fmadd_ps(u, b1, a[1]);
+      a[2] = _mm256_fmadd_ps(u, b2, a[2]);
+      a[3] = _mm256_fmadd_ps(u, b3, a[3]);
+      a[4] = _mm256_fmadd_ps(v, b0, a[4]);
+      a[5] = _mm256_fmadd_ps(v, b1, a[5]);
+      a[6] = _mm256_fmadd_ps(v, b2, a[6]);
+      a[7] = _mm256_fmadd_ps(v, b3, a[7]);
+    }
+    const __m256 s = hsum8x8(a);
+    _mm_storeu_ps(w.y + m * N + n, _mm_mul_ps(_mm256_castps256_ps128(s), sc));
+    _mm_storeu_ps(w.y + (m + 1) * N + n, _mm_mul_ps(_mm256_extractf128_ps(s, 1), sc));
+  }
+  if (m < M) {  // the last odd row: the same sums as its pair would give
+    const float* xa = w.x + m * K;
+    __m256 a[8];
+    for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k += 8) {
+      const __m256 u = _mm256_loadu_ps(xa + k);
+      a[0] = _mm256_fmadd_ps(u, load8f(w0 + k), a[0]);
+      a[1] = _mm256_fmadd_ps(u, load8f(w1 + k), a[1]);
+      a[2] = _mm256_fmadd_ps(u, load8f(w2 + k), a[2]);
+      a[3] = _mm256_fmadd_ps(u, load8f(w3 + k), a[3]);
+    }
+    _mm_storeu_ps(w.y + m * N + n, _mm_mul_ps(_mm256_castps256_ps128(hsum8x8(a)), sc));
+  }
+}
+#endif
+
+// Rows [n0, n1) of q [N, K]: y[:, n0:n1] = (x @ q[n0:n1]^T) * scale[n0:n1]; buf holds
+// 4*K floats. Up to 2 rows of x widen q in registers (each value is used once or
+// twice); more rows widen 4 rows of q into buf once and reuse them.
 void block_nt(const QWork& w, int64_t n0, int64_t n1, float* buf) {
   const int64_t M = w.M, K = w.K, N = w.N;
   int64_t n4 = n0;
 #ifdef PAGEDJAX_AVX2
   if (K % 8 == 0) {
     for (; n4 + 4 <= n1; n4 += 4) {
-      widen(w.q + n4 * K, 4 * K, buf);  // 4 contiguous rows of q
-      const float *w0 = buf, *w1 = buf + K, *w2 = buf + 2 * K, *w3 = buf + 3 * K;
-      const __m128 sc = _mm_loadu_ps(w.scale + n4);
-      int64_t m = 0;
-      for (; m + 2 <= M; m += 2) {
-        const float* xa = w.x + m * K;
-        const float* xb = xa + K;
-        __m256 a[8];
-        for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_ps();
-        for (int64_t k = 0; k < K; k += 8) {
-          const __m256 u = _mm256_loadu_ps(xa + k), v = _mm256_loadu_ps(xb + k);
-          const __m256 b0 = _mm256_loadu_ps(w0 + k), b1 = _mm256_loadu_ps(w1 + k);
-          const __m256 b2 = _mm256_loadu_ps(w2 + k), b3 = _mm256_loadu_ps(w3 + k);
-          a[0] = _mm256_fmadd_ps(u, b0, a[0]);
-          a[1] = _mm256_fmadd_ps(u, b1, a[1]);
-          a[2] = _mm256_fmadd_ps(u, b2, a[2]);
-          a[3] = _mm256_fmadd_ps(u, b3, a[3]);
-          a[4] = _mm256_fmadd_ps(v, b0, a[4]);
-          a[5] = _mm256_fmadd_ps(v, b1, a[5]);
-          a[6] = _mm256_fmadd_ps(v, b2, a[6]);
-          a[7] = _mm256_fmadd_ps(v, b3, a[7]);
-        }
-        const __m256 s = hsum8x8(a);
-        _mm_storeu_ps(w.y + m * N + n4, _mm_mul_ps(_mm256_castps256_ps128(s), sc));
-        _mm_storeu_ps(w.y + (m + 1) * N + n4, _mm_mul_ps(_mm256_extractf128_ps(s, 1), sc));
-      }
-      if (m < M) {  // the last odd row: the same sums as its pair would give
-        const float* xa = w.x + m * K;
-        __m256 a[8];
-        for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_ps();
-        for (int64_t k = 0; k < K; k += 8) {
-          const __m256 u = _mm256_loadu_ps(xa + k);
-          a[0] = _mm256_fmadd_ps(u, _mm256_loadu_ps(w0 + k), a[0]);
-          a[1] = _mm256_fmadd_ps(u, _mm256_loadu_ps(w1 + k), a[1]);
-          a[2] = _mm256_fmadd_ps(u, _mm256_loadu_ps(w2 + k), a[2]);
-          a[3] = _mm256_fmadd_ps(u, _mm256_loadu_ps(w3 + k), a[3]);
-        }
-        _mm_storeu_ps(w.y + m * N + n4, _mm_mul_ps(_mm256_castps256_ps128(hsum8x8(a)), sc));
+      const int8_t* q = w.q + n4 * K;
+      if (M <= 2) {
+        rows4_nt(w, q, q + K, q + 2 * K, q + 3 * K, n4, 0);
+      } else {
+        widen(q, 4 * K, buf);  // 4 contiguous rows of q
+        rows4_nt(w, buf, buf + K, buf + 2 * K, buf + 3 * K, n4, 0);
       }
     }
   }
@@ -230,6 +312,7 @@ void block_nt(const QWork& w, int64_t n0, int64_t n1, float* buf) {
       w.y[m * N + n] = acc * w.scale[n];
     }
   }
+  (void)N;
 }
 
 void QWork::run() {
