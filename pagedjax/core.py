@@ -51,6 +51,12 @@ class _Sampling:
     seqs: set[str]  # the request's live sequence ids
     grammar: Any = None  # structured outputs: a structured_outputs.GrammarState
     statics: dict = dataclasses.field(default_factory=dict)  # index -> sampler.static_row
+    # What the output processor was told: scheduled at all, prefix-cached tokens.
+    reported_scheduled: bool = False
+    reported_cached: int = -1
+    # seq id -> its SampleRow, reused step after step by plain rows (no grammar, not
+    # a fork): only the row index and the placeholder count change.
+    rows: dict = dataclasses.field(default_factory=dict)
 
     def fallback(self, index: int) -> int:
         return (self.fallback_seed + 7919 * index) % (2**31 - 1)
@@ -154,6 +160,7 @@ class EngineCore:
         s = self._sampling.get(ref[0]) if ref is not None else None
         if s is not None:
             s.seqs.discard(sid)
+            s.rows.pop(sid, None)
             if s.grammar is not None:
                 s.grammar.drop(sid)
             if not s.seqs:
@@ -265,11 +272,12 @@ class EngineCore:
             if lora_slots is not None:
                 lora_slots.append(self.lora_slot(req.lora_int_id))
             rid, idx = root[sid]
-            if rid not in first_scheduled:
-                first_scheduled[rid] = now  # kept only the first time
-            if cached.get(rid, -1) < req.num_cached_tokens:
-                cached[rid] = req.num_cached_tokens
             s = sampling[rid]
+            if not s.reported_scheduled:  # told once: the processor keeps the first time
+                s.reported_scheduled = True
+                first_scheduled[rid] = now
+            if s.reported_cached < req.num_cached_tokens:
+                s.reported_cached = cached[rid] = req.num_cached_tokens
             if s.prompt_logprobs is not None and row.start_pos < req.num_prompt_tokens:
                 prompt_lp[sid] = s.prompt_logprobs
                 prompt_tokens[sid] = req.prompt_token_ids
@@ -278,8 +286,15 @@ class EngineCore:
                 continue
             fork = row.num_samples > 1
             lp = s.params[0].logprobs
-            first.append(SampleRow(sid, i, self._row_state(req, sid, 0 if fork else idx, fork),
-                                   lp))
+            sr = s.rows.get(sid) if not fork else None
+            if sr is not None and sr.state.output_token_ids is req.output_token_ids:
+                sr.row_index = i
+                sr.state.num_placeholders = req.num_pending - 1
+            else:
+                sr = SampleRow(sid, i, self._row_state(req, sid, 0 if fork else idx, fork), lp)
+                if not fork and s.grammar is None:
+                    s.rows[sid] = sr
+            first.append(sr)
             if s.grammar is not None and not fork and req.num_pending > 1:
                 deferred.append((len(first) - 1, sid, idx))
             targets_first.append((sid, rid, 0 if fork else idx))

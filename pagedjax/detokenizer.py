@@ -24,6 +24,27 @@ def _fast_decode():
     return PreTrainedTokenizerFast.decode
 
 
+def _make_stream(backend, primer: Sequence[int], skip_special_tokens: bool):
+    """A tokenizers DecodeStream that has seen ``primer`` (the context before the
+    first output), or None without a Rust backend or DecodeStream."""
+    if backend is None:
+        return None
+    try:
+        from tokenizers.decoders import DecodeStream
+    except ImportError:
+        return None
+    stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+    text = ""
+    try:
+        for t in primer:
+            text = stream.step(backend, int(t))
+    except Exception:  # noqa: BLE001 - a prompt the stream rejects: decode ourselves
+        return None
+    # A context ending in an incomplete character (or a token without text): the
+    # stream would emit it with the first output; the two-decode path does not.
+    return stream if text or not primer else None
+
+
 class IncrementalDetokenizer:
     """Token ids in, text deltas out; ``"".join(deltas) + flush()`` equals the
     decode of the output ids in the context of the prompt."""
@@ -46,6 +67,11 @@ class IncrementalDetokenizer:
         if getattr(tokenizer, "clean_up_tokenization_spaces", True) or \
                 type(tokenizer).decode is not _fast_decode():
             self._backend = None
+        # With the Rust tokenizer, its DecodeStream does the same windowed decode
+        # in one call per token (as vLLM V1's fast detokenizer does), primed with
+        # the prompt's last tokens; the two-decode path stays the fallback.
+        self._stream = _make_stream(self._backend, self.token_ids[self.prefix_offset:],
+                                    skip_special_tokens)
 
     def _decode(self, ids: Sequence[int]) -> str:
         if self._backend is not None:  # the Rust tokenizer directly: same text, less Python
@@ -59,6 +85,10 @@ class IncrementalDetokenizer:
             ids.append(new_token_ids)
         else:
             ids.extend(int(t) for t in new_token_ids)
+        if self._stream is not None:
+            delta = self._stream_step(new_token_ids)
+            if delta is not None:
+                return delta
         prefix_text = self._decode(ids[self.prefix_offset:self.read_offset])
         full_text = self._decode(ids[self.prefix_offset:])
         if len(full_text) <= len(prefix_text) or full_text.endswith(_REPLACEMENT):
@@ -68,6 +98,21 @@ class IncrementalDetokenizer:
         self.read_offset = len(self.token_ids)
         self.output_text += delta
         return delta
+
+    def _stream_step(self, new_token_ids) -> str | None:
+        """The DecodeStream's delta (None: fall back to the two-decode path, for
+        good: a stream that rejected a token cannot be trusted afterwards)."""
+        try:
+            text = self._stream.step(self._backend, new_token_ids)
+        except Exception:  # noqa: BLE001 - e.g. "Invalid prefix": decode the window ourselves
+            self._stream = None
+            return None
+        if not text:
+            return ""  # an incomplete character: held back, as below
+        self.prefix_offset = self.read_offset
+        self.read_offset = len(self.token_ids)
+        self.output_text += text
+        return text
 
     def flush(self) -> str:
         """Text of tokens still held back (e.g. an incomplete character at the end)."""

@@ -79,6 +79,7 @@ class _ReqState:
     prompt_logprobs: list | None = None
     num_cached_tokens: int = 0
     finished: bool = False
+    num_finished_seqs: int = 0
 
 
 class OutputProcessor:
@@ -167,9 +168,12 @@ class OutputProcessor:
                 continue  # stopped by a stop string: later tokens are dropped
             if up.new_token_ids:
                 matched = self._append(st, seq, up, now)
-                if matched is not None and up.finish_reason is None:
-                    stops.append((up.seq_id, matched))
+                if matched is not None:
+                    st.num_finished_seqs += 1
+                    if up.finish_reason is None:
+                        stops.append((up.seq_id, matched))
             if up.finish_reason is not None and seq.finish_reason is None:
+                st.num_finished_seqs += 1
                 seq.finish_reason = up.finish_reason
                 seq.stop_reason = up.stop_reason
                 if seq.params.detokenize and seq.stop.stopped is None:
@@ -179,7 +183,7 @@ class OutputProcessor:
         outputs = []
         final_only = RequestOutputKind.FINAL_ONLY
         for rid, st in touched.items():
-            if all(s.finish_reason is not None for s in st.seqs.values()):
+            if st.num_finished_seqs == len(st.seqs):
                 st.finished = True
                 st.metrics.finished_time = now
                 self.finished_metrics.append(st.metrics)

@@ -292,3 +292,29 @@ def test_logprobs_and_stop_strings(llm_small_pool):
                       SamplingParams(temperature=0.0, max_tokens=16, stop=[stop_at]), use_tqdm=False)[0]
     assert o2.outputs[0].finish_reason == "stop" and o2.outputs[0].stop_reason == stop_at
     assert stop_at not in o2.outputs[0].text and full.startswith(o2.outputs[0].text)
+
+
+def test_startup_heap_frozen_once(llm_small_pool):
+    """After start-up the engine's heap is out of the cyclic collector's sight (full
+    collections would scan it every few steps), and a later engine does not freeze
+    again over it (nor over a freeze the application made)."""
+    import gc
+
+    from pagedjax.engine import freeze_startup_heap
+
+    frozen = gc.get_freeze_count()
+    assert frozen > 10_000  # modules, the model and the tokenizer of the fixture's engine
+    freeze_startup_heap()
+    assert gc.get_freeze_count() == frozen
+    # The engine still collects what it drops: a cycle made after start-up is freed.
+    class Cycle:
+        pass
+
+    a = Cycle()
+    a.self = a
+    import weakref
+
+    ref = weakref.ref(a)
+    del a
+    gc.collect()
+    assert ref() is None
