@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import jax
@@ -102,11 +103,12 @@ def _self_test(so: Path) -> str | None:
     return f"self-test failed (exit {r.returncode}) {r.stderr[-500:]}"
 
 
-_builds: dict = {}  # name -> {"so", "flags", "rejected": [(flags, reason)]}
+_builds: dict = {}  # name -> {"so", "flags", "rejected": [(flags, reason)], "seconds", "cached"}
 
 
 def build_info(name: str = "cpu_kernels") -> dict | None:
-    """How ``name`` was built in this process: its flags and the flag sets rejected, with why."""
+    """How ``name`` was built in this process: its flags, the flag sets rejected
+    (with why), the seconds ``build`` took and whether the cache had it."""
     return _builds.get(name)
 
 
@@ -121,6 +123,7 @@ def build(verbose: bool = False, source: Path = SOURCE, name: str = "cpu_kernels
     this machine. Raises RuntimeError with the compiler's messages when no set
     builds.
     """
+    t0 = time.perf_counter()
     cxx = _compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler found (set $CXX or install g++)")
@@ -140,7 +143,8 @@ def build(verbose: bool = False, source: Path = SOURCE, name: str = "cpu_kernels
         so = out_dir / f"{name}_{key}.so"
         bad = so.with_suffix(".rejected")
         if so.exists():
-            _builds[name] = {"so": str(so), "flags": flags, "rejected": rejected}
+            _builds[name] = {"so": str(so), "flags": flags, "rejected": rejected,
+                             "seconds": time.perf_counter() - t0, "cached": True}
             return so
         if bad.exists():
             rejected.append((flags, bad.read_text()))
@@ -166,7 +170,8 @@ def build(verbose: bool = False, source: Path = SOURCE, name: str = "cpu_kernels
                 errors.append(f"$ {' '.join(cmd)}\n{why}")
                 continue
             os.replace(tmp_so, so)  # atomic: concurrent builders agree
-            _builds[name] = {"so": str(so), "flags": flags, "rejected": rejected}
+            _builds[name] = {"so": str(so), "flags": flags, "rejected": rejected,
+                             "seconds": time.perf_counter() - t0, "cached": False}
             return so
     raise RuntimeError(f"building the C++ CPU kernels failed ({Path(source).name}):\n"
                        + "\n".join(errors))
@@ -202,10 +207,23 @@ class FfiLibrary:
             self._lib = lib
             return lib
 
+    def load_in_background(self) -> threading.Thread:
+        """Start ``load()`` on a daemon thread, so that a first build (a compiler
+        child process) runs beside the caller's work; a later ``load()`` waits
+        for it (the lock)."""
+        t = threading.Thread(target=self.load, name=f"pagedjax-build-{self.name}", daemon=True)
+        t.start()
+        return t
+
 
 _KERNELS = FfiLibrary(SOURCE, "cpu_kernels", {TARGET: "PagedjaxRaggedPagedAttention",
                                               MATMUL_TARGET: "PagedjaxMatmul"})
 _load = _KERNELS.load
+
+
+def load_in_background() -> threading.Thread:
+    """Build (or find in the cache) and register the kernels on a daemon thread."""
+    return _KERNELS.load_in_background()
 
 
 def available() -> bool:

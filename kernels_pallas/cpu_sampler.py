@@ -31,6 +31,11 @@ _LIB = cpu_native.FfiLibrary(SOURCE, "cpu_sampler", {TARGET: "PagedjaxSample"})
 _load = _LIB.load
 
 
+def load_in_background():
+    """Build (or find in the cache) and register the sampler on a daemon thread."""
+    return _LIB.load_in_background()
+
+
 def available() -> bool:
     """True when the sampler is built (or was built now) and registered with XLA."""
     return _load() is not None

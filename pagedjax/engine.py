@@ -59,6 +59,20 @@ def freeze_startup_heap() -> None:
         gc.freeze()
 
 
+def _start_cpu_builds(args: EngineArgs) -> None:
+    """On the CPU platform, build the C++ sampler (and the C++ attention/matmul
+    kernels, when the attention backend may use them) on background threads
+    while the model loads: on a first start the two compilers then run beside
+    the loading instead of after it. Found in the cache, this costs nothing."""
+    if jax.default_backend() != "cpu":
+        return
+    from kernels_pallas import cpu_native, cpu_sampler
+
+    cpu_sampler.load_in_background()
+    if args.attention_backend in ("auto", "cpu_native") and args.tensor_parallel_size == 1:
+        cpu_native.load_in_background()
+
+
 def resolve_config(args: EngineArgs, info, mesh) -> EngineConfig:
     """EngineArgs resolved once against the model and the devices."""
     from kernels_pallas import KV_CACHE_DTYPES, resolve_backend
@@ -100,6 +114,7 @@ class LLMEngine:
         args.validate()
         self.args = args
         _enable_compilation_cache(args.compilation_cache_dir)
+        _start_cpu_builds(args)
         self.resolved = models.resolve_model(args.model)
         self.model_name = args.model or models.DEFAULT_MODEL
         if jax.process_count() > 1 and args.tensor_parallel_size != jax.device_count():

@@ -13,8 +13,9 @@ are ever compiled:
   Pallas kernels size their grids by P, so for them P = bucket(longest
   sequence's pages) from powers of two >= 4;
 * sampling rows (more than S when an n > 1 prompt completes) have their own
-  bucket, powers of two >= 8, so the expensive model program never depends on
-  them; whether top logprobs are wanted picks one width (20).
+  bucket, powers of two >= max(8, S), so the expensive model program never
+  depends on them and each S has few sampler programs; whether top logprobs
+  are wanted picks one width (20).
 
 The work is vectorized over rows and tokens: this is the host's share of every
 step, on the critical path when the device is fast.
@@ -120,8 +121,10 @@ def prepare(buckets: Buckets, rows, sample_rows: Sequence[SampleRow], prompt_lp:
     num_sample_rows = len(sample_rows)
     t, s, p = buckets.bucket_sizes(len(rows), num_tokens, max_pages, decode)
     # Sampling rows (more than S when an n > 1 prompt completes) have their
-    # own bucket, so the expensive model program never depends on them.
-    r_pad = pow2(max(num_sample_rows, 1), 8)
+    # own bucket, so the expensive model program never depends on them; at
+    # least S of them, so that a sampler program serves a model bucket for
+    # any number of sampling rows up to S (padding rows are greedy, dropped).
+    r_pad = max(pow2(max(num_sample_rows, 1), 8), s)
     # Vectorized over rows and tokens: the host's share of a step.
     n_rows, chain = len(rows), itertools.chain.from_iterable
     lens = np.fromiter((len(r.token_ids) for r in rows), np.int64, n_rows)

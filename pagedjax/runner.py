@@ -78,10 +78,12 @@ class ModelLaunched:
 
 
 class CompileCounter:
-    """Counts XLA backend compilations (all of them, process-wide)."""
+    """Counts XLA backend compilations (``count``) and programs read back from the
+    persistent compilation cache instead (``cache_hits``), process-wide."""
 
     _installed = False
     count = 0
+    cache_hits = 0
 
     @classmethod
     def install(cls) -> None:
@@ -93,7 +95,12 @@ class CompileCounter:
             if event == "/jax/core/compile/backend_compile_duration":
                 cls.count += 1
 
+        def hits(event: str, **_: Any) -> None:
+            if event == "/jax/compilation_cache/cache_hits":
+                cls.cache_hits += 1
+
         jax.monitoring.register_event_duration_secs_listener(listener)
+        jax.monitoring.register_event_listener(hits)
 
 
 class Runner:
@@ -191,7 +198,8 @@ class Runner:
         dst = np.zeros(n, np.int32)
         for i, (s, d) in enumerate(copies):
             src[i], dst[i] = s, d
-        self.kv_caches = self._copy(self.kv_caches, jnp.asarray(src), jnp.asarray(dst))
+        # numpy straight into the jit (jnp.asarray would compile a staging program per shape)
+        self.kv_caches = self._copy(self.kv_caches, src, dst)
 
     # ------------------------------------------------------------------ host
     def bucket_sizes(self, num_rows: int, num_tokens: int, max_pages: int, decode: bool):
@@ -237,6 +245,7 @@ class Runner:
             st = sampler_mod.build_sampling_tensors([sr.state for sr in sample_rows],
                                                     len(pending.sample_index), self.vocab_size,
                                                     self.max_model_len)
+        st = sampler_mod.program_flags(st)  # one program where the flags change nothing
         self.shapes_seen.add((pending.shape, pending.num_logprobs, pending.prompt_k,
                               sampler_mod.variant_key(st)))
         sbufs, sspec = pack((st, pending.sample_index))
@@ -297,99 +306,44 @@ class Runner:
     # ------------------------------------------------------------------ warm-up
     def warmup_shapes(self) -> list[tuple[int, int, int, bool]]:
         """Every (rows, tokens, pages, decode) combination whose bucket can occur."""
-        shapes = set()
-        s_max = pow2(self.max_num_seqs, 1)
-        for p in self.buckets.p_buckets():
-            s = 1
-            while s <= s_max:
-                shapes.add((s, s, p, True))
-                s *= 2
-            s = 8  # mixed steps pad rows to at least 8
-            while s <= max(s_max, 8):
-                for t in self.buckets.t_buckets():
-                    if s <= t:
-                        shapes.add((s, t, p, False))
-                s *= 2
-        return sorted(shapes)
+        from pagedjax import warmup
 
-    def _dummy_rows(self, s: int, t: int, p: int, decode: bool):
-        """Rows (all on the null page) whose padded shape is exactly (s, t, p), or None."""
-        from pagedjax.scheduler import ScheduledRow
+        return warmup.step_shapes(self.buckets, self.max_num_seqs)
 
-        cap = p * self.page_size
-        if decode:
-            rows = [ScheduledRow(f"w{i}", [0], 0, [0], 1) for i in range(s)]
-            rows[0] = ScheduledRow("w0", [0], cap - 1, [0] * p, 1)
-            return rows
-        nrows = s if t > s else s - 1
-        counts = [t // nrows + (1 if i < t % nrows else 0) for i in range(nrows)]
-        if max(counts) < 2 or max(counts) > cap:
-            return None
-        rows = [ScheduledRow(f"w{i}", [0] * c, 0, [0] * (-(-c // self.page_size)), 1)
-                for i, c in enumerate(counts)]
-        rows[0] = ScheduledRow("w0", [0] * counts[0], cap - counts[0], [0] * p, 1)
-        if self.bucket_sizes(nrows, t, p, False) != (t, s, p):
-            return None
-        return rows
+    def warmup(self, progress: bool = True, shapes=None, workers: int | None = None) -> float:
+        """Compile every program a step can run, ahead of time, from ``workers``
+        threads (pagedjax/warmup.py); returns the seconds it took."""
+        from pagedjax import warmup
 
-    def warmup(self, progress: bool = True, shapes=None) -> float:
-        """Compile the greedy variant of every step shape ahead of time."""
-        from tqdm.auto import tqdm
+        return warmup.warmup(self, progress=progress, shapes=shapes, workers=workers)
 
-        from pagedjax.sampling_params import SamplingParams
+    def model_compile_job(self, rows, sample_rows: Sequence[SampleRow]):
+        """(key, job) for the model program a step of ``rows`` runs: ``job()``
+        compiles it without running it (thread-safe: the host-side padding is
+        done here, in the caller's thread) and the jitted step then reuses it."""
+        batch, st, sample_index, num_logprobs, prompt_k, shape = self.prepare(
+            rows, sample_rows, {}, {}, None, None)
+        bbufs, bspec = pack(batch)
+        args = (self.params, self.kv_caches, bbufs, self._no_tokens)
+        kw = dict(spec=bspec, plan=self.plan, prompt_k=prompt_k)
+        return ("model", bspec, prompt_k), lambda: self._step.lower(*args, **kw).compile()
 
-        shapes = shapes if shapes is not None else self.warmup_shapes()
-        t0 = time.perf_counter()
-        it = tqdm(shapes, desc="Compiling step shapes", disable=not progress)
-        greedy = SamplingParams(temperature=0.0, max_tokens=1)
-        for s, t, p, decode in it:
-            rows = self._dummy_rows(s, t, p, decode)
-            if rows is None:
-                continue
-            srows = [SampleRow(r.request_id, i, RowState(greedy, [0], []), None)
-                     for i, r in enumerate(rows)]
-            self.execute(rows, srows)
-        self.warmup_sampler(progress)
-        jax.block_until_ready(self.kv_caches)
-        return time.perf_counter() - t0
+    def sampler_compile_job(self, num_logits: int, st, num_logprobs):
+        """(key, job) for the sampler program of ``num_logits`` logits rows and the
+        sampling rows ``st`` (len(st.greedy) of them); see ``model_compile_job``."""
+        st = sampler_mod.program_flags(st)
+        rows = len(st.greedy)
+        sbufs, sspec = pack((st, np.zeros(rows, np.int32)))
+        logits = jax.ShapeDtypeStruct((num_logits, self.vocab_size), jnp.float32)
+        key = ("sampler", num_logits, sspec, num_logprobs)
+        return key, lambda: self._sample.lower(logits, sbufs, spec=sspec,
+                                               num_logprobs=num_logprobs).compile()
 
-    # Sampler variants compiled at warm-up: (SamplingParams kwargs, logprobs).
-    # Sampler variants compiled at warm-up: (SamplingParams kwargs, logprobs).
-    # Penalties, logit bias / bad words, min_p and allowed_token_ids compile
-    # on first use.
-    WARM_SAMPLING = (
-        (dict(temperature=0.0), None), (dict(temperature=1.0), None),
-        (dict(temperature=0.8, top_p=0.95), None),
-        (dict(temperature=0.0), 20), (dict(temperature=1.0), 20),
-        (dict(temperature=0.8, top_p=0.95), 20),
-    )
-
-    def warmup_sampler(self, progress: bool = True) -> None:
-        """Compile the common sampler variants for every row bucket."""
-        from tqdm.auto import tqdm
-
-        from pagedjax.sampling_params import SamplingParams
-
-        s_buckets = []  # logits rows: the model's S buckets (decode from 1, mixed from 8)
-        r = 1
-        while r <= pow2(self.max_num_seqs, 8):
-            s_buckets.append(r)
-            r *= 2
-        buckets = [r for r in s_buckets if r >= 8]  # sampling rows are padded to >= 8
-        r_buckets = buckets + [2 * buckets[-1]]  # n > 1 forks add sampling rows
-        jobs = [(s_, r, kw, lp) for s_ in s_buckets for r in r_buckets if r <= max(8, 2 * s_)
-                for kw, lp in self.WARM_SAMPLING]
-        for s_, r, kw, lp in tqdm(jobs, desc="Compiling sampler", disable=not progress):
-            params = SamplingParams(max_tokens=1, logprobs=lp, **kw)
-            st = sampler_mod.build_sampling_tensors([RowState(params, [0], [])], r,
-                                                    self.vocab_size, self.max_model_len)
-            num_logprobs = None if lp is None else next(b for b in LOGPROB_BUCKETS if b >= lp)
-            logits = jnp.zeros((s_, self.vocab_size), jnp.float32)
-            bufs, spec = pack((st, np.zeros(r, np.int32)))
-            jax.block_until_ready(self._sample(logits, jax.device_put(bufs), spec=spec,
-                                               num_logprobs=num_logprobs))
-        for r in buckets:  # copy-on-write page copies (n > 1, beam search)
-            self.copy_pages([(0, 0)] * r)
+    def copy_compile_job(self, num_copies: int):
+        """(key, job) for the page-copy program of up to ``num_copies`` copies."""
+        n = pow2(num_copies, 8)
+        idx = np.zeros(n, np.int32)
+        return ("copy", n), lambda: self._copy.lower(self.kv_caches, idx, idx).compile()
 
 
 def make_plan(attn_backend: str, mesh=None) -> ExecutionPlan:

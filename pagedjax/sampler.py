@@ -41,6 +41,7 @@ number of compiled variants is bounded by the flags.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
@@ -253,6 +254,17 @@ def resolve_backend(backend: str = "auto") -> str:
         native = jax.default_backend() == "cpu" and cpu_sampler.available()
         return "native" if native else "xla"
     return backend
+
+
+def program_flags(st: SamplingTensors, backend: str = "auto") -> SamplingTensors:
+    """``st`` with the feature flags that do not change ``backend``'s program
+    cleared. The C++ draw reads every row's top_k, top_p and min_p (neutral
+    values where a row has none) whatever the flags say, so on "native" the
+    min-p and top-k/top-p flags only multiplied the compiled variants; the
+    tokens are the same either way."""
+    if not (st.use_min_p or st.use_top_k_p) or resolve_backend(backend) != "native":
+        return st
+    return dataclasses.replace(st, use_min_p=False, use_top_k_p=False)
 
 
 def sample(logits: jax.Array, st: SamplingTensors,
