@@ -210,6 +210,41 @@ def int8_matmuls(reps, rows, rounds=3):
     return out
 
 
+def int8_model_steps(reps, rows, rounds=3, context=64):
+    """SmolLM2-135M loaded int8: best ms of a decode step (forward + logits, cpu_native
+    attention, every row one token at ``context``) with the int8 matmuls in C++
+    (plan.native_matmul_rows = rows) vs on XLA's path (0); alternating order."""
+    import models
+    from models.base import ExecutionPlan
+    from models.metadata import SeqChunk, build_metadata
+
+    m, p = models.load_model(None, dtype="float32", quantization="int8")
+    ps, per = 16, -(-context // 16)
+    cases, out = {}, []
+    for r in rows:
+        meta = build_metadata([SeqChunk(list(range(1 + i * per, 1 + (i + 1) * per)),
+                                        context - 1, 1) for i in range(r)], ps, pages_per_seq=per)
+        kv = m.allocate_kv_caches(r * per + 1, ps)
+        for kernel, limit in (("C++", r), ("XLA", 0)):
+            plan = ExecutionPlan(attn_backend="cpu_native", native_matmul_rows=limit)
+
+            def step(p, kv, ids, meta, plan=plan):
+                h, _ = m.forward(p, kv, ids, meta, plan)
+                return m.compute_logits(p, h, plan)
+            cases[r, kernel] = (jax.jit(step), (p, kv, jnp.ones((r,), jnp.int32), meta))
+    logits = {k: np.asarray(f(*a)) for k, (f, a) in cases.items()}  # compiles
+    best = {k: float("inf") for k in cases}
+    for i in range(rounds):
+        for k in (list(cases) if i % 2 == 0 else list(cases)[::-1]):
+            f, a = cases[k]
+            best[k] = min(best[k], _best_ms(f, a, reps))
+    for (r, kernel) in cases:
+        ref = logits[r, "XLA"]
+        out.append({"rows": r, "kernel": kernel, "ms": best[r, kernel],
+                    "max_abs_logit_diff_vs_xla": float(np.abs(logits[r, kernel] - ref).max())})
+    return out
+
+
 def _print_int8(rows):
     print(f"{'30 layers + logits':<20}{'weights':>9}{'kernel':>8}{'ms':>9}"
           f"{'vs f32 XLA':>12}{'rel err':>10}")
@@ -232,9 +267,21 @@ def main(argv=None) -> int:
                    help=f"default {DEFAULT_JSON} (--int8: {INT8_JSON})")
     p.add_argument("--int8", action="store_true",
                    help="only the matmuls with int8 weights beside float32 (C++ and XLA)")
+    p.add_argument("--int8-model", action="store_true",
+                   help="only SmolLM2-135M int8 decode steps, int8 matmuls in C++ vs XLA")
     ns = p.parse_args(argv)
     if not cpu_native.available():
         raise SystemExit(f"cpu_native is unavailable: {cpu_native.unavailable_reason()}")
+    if ns.int8_model:
+        steps = int8_model_steps(ns.reps, [int(x) for x in ns.rows.split(",")])
+        print(f"{'int8 decode step':<18}{'matmuls':>8}{'ms':>9}{'max |logit diff|':>18}")
+        for r in steps:
+            print(f"{str(r['rows']) + ' rows':<18}{r['kernel']:>8}{r['ms']:>9.1f}"
+                  f"{r['max_abs_logit_diff_vs_xla']:>18.2e}")
+        write_json({"benchmark": "cpu_kernels_int8_model_steps", "jax": jax.__version__,
+                    "loadavg": os.getloadavg(), "steps": steps},
+                   ns.json or INT8_JSON.replace(".json", "_model.json"))
+        return 0
     if ns.int8:
         if not cpu_qmatmul.available():
             raise SystemExit(f"cpu_qmatmul is unavailable: {cpu_qmatmul.unavailable_reason()}")
