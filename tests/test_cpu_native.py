@@ -79,6 +79,23 @@ def test_a_sequence_gets_the_same_bits_alone_and_in_a_batch():
     np.testing.assert_array_equal(alone, full[1:31])
 
 
+@pytest.mark.parametrize("kv_dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("window", [None, 50])
+def test_decode_batches_over_several_chunks_match_naive(kv_dtype, window):
+    """Many decode rows (more work items than threads: each thread prefetches the next
+    item it claimed) with contexts over several 64-key chunks and a page tail, f32
+    queries, f32 pages or bf16 pages read in place, beside one prefill chunk; the
+    SmolLM2 shape (3 query heads per KV head: one register group per item)."""
+    kv_lens = [200, 1, 64, 65, 130, 17, 191, 128] * 3
+    q_lens = [1] * 23 + [40]
+    args, kw = make_case(21, q_lens, kv_lens, num_kv_heads=3, group=3, head_dim=64,
+                         page_size=16, kv_dtype=kv_dtype)
+    out = np.asarray(attend(*args, sm_scale=0.125, sliding_window=window, **kw))
+    ref = reference.naive_paged_attention(*args, sm_scale=0.125, sliding_window=window, **kw)
+    assert not np.isnan(out).any()
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-6)
+
+
 def test_unsupported_dtypes_and_head_dims_fall_back_to_the_reference():
     args, kw = make_case(7, [1, 3], [5, 9], num_kv_heads=2, group=2, head_dim=12)
     out = attend(*args, sm_scale=0.3, **kw)  # head_dim 12: not a multiple of 8
