@@ -18,7 +18,8 @@ run. In that process, in order:
 * ``generate``: a short greedy and top-p ``generate``, which must compile
   nothing (``compilations`` is asserted 0 in the JSON's ``ok``).
 
-Wall seconds and CPU seconds are reported per phase. CPU seconds are this
+Wall seconds, CPU seconds and XLA programs obtained (compiled, or read back
+from the persistent cache: those are counted apart) are reported per phase. CPU seconds are this
 process's threads plus its finished children (the compiler, the
 self-tests): on a shared machine they move much less than wall time with a
 busy neighbour, so the goal (warm-up from a cold cache under 60 s) is read
@@ -60,16 +61,18 @@ class Phases:
     def __init__(self):
         self.rows: dict[str, dict] = {}
         self.compiles = lambda: 0
+        self.hits = lambda: 0
 
     def run(self, name: str, fn):
-        w, c, n = time.perf_counter(), _cpu(), self.compiles()
+        w, c, n, h = time.perf_counter(), _cpu(), self.compiles(), self.hits()
         out = fn()
         self.rows[name] = {"wall_s": time.perf_counter() - w, "cpu_s": _cpu() - c,
-                           "compilations": self.compiles() - n}
+                           "compilations": self.compiles() - n,
+                           "disk_cache_hits": self.hits() - h}
         return out
 
 
-def child(max_tokens: int) -> dict:
+def child(max_tokens: int, workers: int | None, model: str | None, max_num_seqs: int) -> dict:
     """One start-up in this process (the caches come from the environment)."""
     ph = Phases()
     durations: list[float] = []  # seconds of each XLA backend compilation, in order
@@ -82,6 +85,7 @@ def child(max_tokens: int) -> dict:
 
         CompileCounter.install()
         ph.compiles = lambda: CompileCounter.count
+        ph.hits = lambda: CompileCounter.cache_hits
         jax.monitoring.register_event_duration_secs_listener(
             lambda event, d, **_: event == "/jax/core/compile/backend_compile_duration"
             and durations.append(d))
@@ -90,9 +94,9 @@ def child(max_tokens: int) -> dict:
     from kernels_pallas import cpu_matmul_rows, cpu_native
     from pagedjax import LLM, SamplingParams
 
-    llm = ph.run("load", LLM)
+    llm = ph.run("load", lambda: LLM(model, max_num_seqs=max_num_seqs))
     runner = llm.llm_engine.runner
-    ph.run("warmup", lambda: runner.warmup(progress=False))
+    ph.run("warmup", lambda: runner.warmup(progress=False, workers=workers))
     prompts = ["The capital of France is", "Write a haiku about the sea.",
                "List three prime numbers:"]
     params = [SamplingParams(temperature=0.0, max_tokens=max_tokens),
@@ -111,14 +115,19 @@ def child(max_tokens: int) -> dict:
             "compile_durations_s": durations}
 
 
-def run_child(cache: str, max_tokens: int, timeout: float) -> dict:
+def run_child(cache: str, ns: argparse.Namespace) -> dict:
     env = dict(os.environ, PAGEDJAX_CACHE=cache, PAGEDJAX_CACHE_DIR=cache)
     env.pop("PAGEDJAX_NATIVE_MATMUL_ROWS", None)  # measured, as a new user's first start
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH")) if p)
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--max-tokens", str(max_tokens)]
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--max-tokens",
+           str(ns.max_tokens), "--max-num-seqs", str(ns.max_num_seqs)]
+    if ns.workers is not None:
+        cmd += ["--workers", str(ns.workers)]
+    if ns.model is not None:
+        cmd += ["--model", ns.model]
     w, c = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=ns.timeout)
     c2 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if r.returncode != 0:
         raise RuntimeError(f"start-up process failed (exit {r.returncode}):\n{r.stderr[-3000:]}")
@@ -129,12 +138,13 @@ def run_child(cache: str, max_tokens: int, timeout: float) -> dict:
 
 
 def table(results: dict) -> str:
-    lines = ["| run | phase | wall s | CPU s | XLA compilations |", "|---|---|---|---|---|"]
+    lines = ["| run | phase | wall s | CPU s | XLA programs (read from the disk cache) |",
+             "|---|---|---|---|---|"]
     for run, res in results.items():
         for name in PHASES:
             p = res["phases"][name]
             lines.append(f"| {run} | {name} | {p['wall_s']:.1f} | {p['cpu_s']:.1f} | "
-                         f"{p['compilations']} |")
+                         f"{p['compilations']} ({p['disk_cache_hits']}) |")
         cold = sum(res["phases"][n]["wall_s"] for n in ("load", "warmup"))
         cold_cpu = sum(res["phases"][n]["cpu_s"] for n in ("load", "warmup"))
         lines.append(f"| {run} | **load + warm-up** | **{cold:.1f}** | **{cold_cpu:.1f}** | |")
@@ -152,11 +162,15 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", default="cold,warm", help="cold, warm or cold,warm")
     ap.add_argument("--max-tokens", type=int, default=16, help="per prompt of the generate")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per process")
+    ap.add_argument("--model", default=None, help="default: the default model")
+    ap.add_argument("--max-num-seqs", type=int, default=64, help="the engine's (default 64)")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="warm-up's compiling threads (default: pagedjax's, the usable cores)")
     ap.add_argument("--json", default=DEFAULT_JSON)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ns = ap.parse_args(argv)
     if ns.child:
-        print(json.dumps(child(ns.max_tokens)))
+        print(json.dumps(child(ns.max_tokens, ns.workers, ns.model, ns.max_num_seqs)))
         return 0
     runs = [r.strip() for r in ns.runs.split(",") if r.strip()]
     bad = [r for r in runs if r not in ("cold", "warm")]
@@ -166,8 +180,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="pagedjax-cold-") as cache:
         for run in runs:  # "warm" reuses what the cold run (if any) left in `cache`
             if run == "warm" and "cold" not in results:
-                run_child(cache, ns.max_tokens, ns.timeout)  # fill the caches first
-            results[run] = run_child(cache, ns.max_tokens, ns.timeout)
+                run_child(cache, ns)  # fill the caches first
+            results[run] = run_child(cache, ns)
             load[f"after_{run}"] = machine.loadavg()
     ok = all(r["phases"]["generate"]["compilations"] == 0 for r in results.values())
     print(table(results))
@@ -178,7 +192,8 @@ def main(argv=None) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(ns.json)), exist_ok=True)
     with open(ns.json, "w") as f:
         json.dump({"results": results, "ok": ok, "loadavg": load, "machine": machine.machine(),
-                   "argv": sys.argv[1:]}, f, indent=1)
+                   "argv": sys.argv[1:], "workers": ns.workers,
+                   "model": ns.model, "max_num_seqs": ns.max_num_seqs}, f, indent=1)
     return 0 if ok else 1
 
 

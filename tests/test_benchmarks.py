@@ -242,3 +242,25 @@ def test_spec_decode_benchmark_smoke(tiny_folder, tmp_path):
     assert d["num_draft_tokens"] > 0 and 0.0 <= d["acceptance_rate"] <= 1.0
     assert 1.0 <= d["mean_accepted_length"] <= 3.0  # 1 + at most k accepted per verified row
     assert cells["off"]["output_tokens"] == d["output_tokens"] == cells["ngram"]["output_tokens"]
+
+
+def test_cold_start_smoke(tiny_folder, tmp_path):
+    """Cold then warm start in fresh processes: phases timed, nothing compiled after
+    warm-up, the C++ builds found in the cache by the warm process."""
+    from benchmarks import cold_start as bench
+
+    out = tmp_path / "cold_start.json"
+    rc = bench.main(["--model", tiny_folder, "--max-num-seqs", "8", "--max-tokens", "4",
+                     "--json", str(out)])
+    assert rc == 0
+    rep = json.loads(out.read_text())
+    assert rep["ok"] is True and set(rep["results"]) == {"cold", "warm"}
+    cold, warm = rep["results"]["cold"], rep["results"]["warm"]
+    for res in (cold, warm):
+        assert set(res["phases"]) == set(bench.PHASES)
+        assert res["phases"]["generate"]["compilations"] == 0
+        assert res["phases"]["warmup"]["compilations"] > 0
+        assert all(p["wall_s"] >= 0 and p["cpu_s"] >= 0 for p in res["phases"].values())
+    if cold["builds"]["cpu_sampler"]:  # built in the cold process, found in the warm one
+        assert cold["builds"]["cpu_sampler"]["cached"] is False
+        assert warm["builds"]["cpu_sampler"]["cached"] is True
