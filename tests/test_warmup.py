@@ -71,8 +71,11 @@ def test_concurrent_warmup_compiles_each_program_once_then_nothing(tiny_llama_di
     jobs = warmup.compile_jobs(runner)
     c0, h0 = CompileCounter.count, CompileCounter.cache_hits
     runner.warmup(progress=False, workers=2)
-    # One XLA compilation per distinct program, none read from the (empty) disk cache.
-    assert CompileCounter.count - c0 == len(jobs)
+    # At most one XLA compilation per distinct program (fewer when an earlier test in
+    # this process compiled the same program: jax keeps compiled programs in memory,
+    # e.g. the page copies, which depend only on the pool's shape), none read from
+    # the (empty) disk cache; the workload below shows none was missed.
+    assert 0 < CompileCounter.count - c0 <= len(jobs)
     assert CompileCounter.cache_hits - h0 == 0
     assert {k[0] for k in jobs} == {"model", "sampler", "copy"}
     assert sum(k[0] == "model" for k in jobs) == len(runner.warmup_shapes())
