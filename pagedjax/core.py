@@ -31,51 +31,11 @@ from pagedjax.output_processor import CoreOutput, SeqUpdate
 from pagedjax.request import Request
 from pagedjax.inputs import SampleRow
 from pagedjax.runner import Launched, Runner
-from pagedjax.sampling_tensors import RowState, static_row
-from pagedjax.sampling_params import SamplingParams
+from pagedjax.request_sampling import RequestSampling
+from pagedjax.sampling_tensors import RowState
 from pagedjax.scheduler import Scheduler, SchedulerOutput
 
 logger = logging.getLogger("pagedjax.core")
-
-
-@dataclasses.dataclass
-class _Sampling:
-    """Per-request sampling state, fixed at add time."""
-
-    params: list[SamplingParams]  # per sample index (seed + i for n > 1)
-    fallback_seed: int
-    bad_words_ids: list
-    prompt_logprobs: int | None
-    needs_history: bool  # the host must know every token before the next step
-    keep_topk: bool  # beam search reads each step's top-k
-    seqs: set[str]  # the request's live sequence ids
-    grammar: Any = None  # structured outputs: a structured_outputs.GrammarState
-    statics: dict = dataclasses.field(default_factory=dict)  # index -> sampler.static_row
-    # What the output processor was told: scheduled at all, prefix-cached tokens.
-    reported_scheduled: bool = False
-    reported_cached: int = -1
-    # seq id -> its SampleRow, reused step after step by plain rows (no grammar, not
-    # a fork): only the row index and the placeholder count change.
-    rows: dict = dataclasses.field(default_factory=dict)
-
-    def fallback(self, index: int) -> int:
-        return (self.fallback_seed + 7919 * index) % (2**31 - 1)
-
-    def static(self, index: int) -> tuple:
-        st = self.statics.get(index)
-        if st is None:
-            st = self.statics[index] = static_row(self.params[index], self.fallback(index))
-        return st
-
-    @property
-    def serial(self) -> bool:
-        """While this request lives, steps run serially (see the module docstring)."""
-        return self.needs_history or self.keep_topk
-
-    @property
-    def token_by_token(self) -> bool:
-        """Each token must be known before the next is chosen (no speculation)."""
-        return self.serial or self.grammar is not None
 
 
 @dataclasses.dataclass
@@ -103,7 +63,7 @@ class EngineCore:
         self.speculator = speculator
         self.eos_token_ids = tuple(eos_token_ids)
         self.async_scheduling = async_scheduling
-        self._sampling: dict[str, _Sampling] = {}  # request id -> sampling state
+        self._sampling: dict[str, RequestSampling] = {}  # request id -> sampling state
         self._num_serial = 0  # live requests whose steps must run serially
         self._root: dict[str, tuple[str, int]] = {}  # seq id -> (request id, sample index)
         self._inflight: _InFlight | None = None
@@ -128,7 +88,7 @@ class EngineCore:
         history = bool(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0
                        or any(len(w) > 1 for w in bad_words_ids))
         self.scheduler.add_request(req)
-        s = _Sampling(params, fallback_seed, bad_words_ids, p.prompt_logprobs, history,
+        s = RequestSampling(params, fallback_seed, bad_words_ids, p.prompt_logprobs, history,
                       keep_topk, set(), grammar)
         self._sampling[req.request_id] = s
         self._num_serial += s.serial
