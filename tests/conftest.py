@@ -27,3 +27,20 @@ if os.environ.get("PYTEST_XDIST_WORKER") and "xla_cpu_multi_thread_eigen" not in
         "XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                " --xla_cpu_multi_thread_eigen=false").strip()
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory):
+    """A random 2-layer Llama (HF folder) with SmolLM2's vocabulary size, tied
+    embeddings; pair it with ``smollm2_gguf`` as the tokenizer."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=256, tie_word_embeddings=True,
+                      bos_token_id=1, eos_token_id=2)
+    path = tmp_path_factory.mktemp("tiny_llama")
+    LlamaForCausalLM(cfg).save_pretrained(path, safe_serialization=True)
+    return str(path)

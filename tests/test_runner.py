@@ -18,22 +18,6 @@ from pagedjax.runner import CompileCounter, Runner
 from models.base import ExecutionPlan
 
 
-@pytest.fixture(scope="module")
-def tiny_llama_dir(tmp_path_factory):
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=256, tie_word_embeddings=True,
-                      bos_token_id=1, eos_token_id=2)
-    model = LlamaForCausalLM(cfg)
-    path = tmp_path_factory.mktemp("tiny_llama")
-    model.save_pretrained(path, safe_serialization=True)
-    return str(path)
-
-
 def test_bucket_sizes_are_powers():
     class Info:
         vocab_size = 10

@@ -21,21 +21,6 @@ KW = dict(max_model_len=128, max_num_seqs=8, max_num_batched_tokens=64, num_page
           page_size=16)
 
 
-@pytest.fixture(scope="module")
-def tiny_llama_dir(tmp_path_factory):
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=256, tie_word_embeddings=True,
-                      bos_token_id=1, eos_token_id=2)
-    path = tmp_path_factory.mktemp("tiny_llama_warmup")
-    LlamaForCausalLM(cfg).save_pretrained(path, safe_serialization=True)
-    return str(path)
-
-
 def _workload(seed: int):
     """Prompts and sampling parameters of every warmed-up kind (and min-p / top-k,
     which share the temperature program on the CPU), n > 1 forks included."""
