@@ -83,18 +83,33 @@ struct QWork {
 };
 
 #ifdef PAGEDJAX_AVX2
-// y[0:MR, 0:16] (+)= x[0:MR, 0:kc] @ p[0:kc, 0:16] (p: the widened panel, rows of
-// 16). Each output is one FMA chain over k in order: the AVX-512 version (one
-// register per row) gives the same bits as the AVX2 one (two per row).
-template <int MR>
-inline void tile(const float* x, int64_t K, const float* p, float* y, int64_t ldy, int64_t kc,
-                 bool first) {
+inline __m256 load8f(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8f(const int8_t* p) {  // 8 int8 widened in registers (exact)
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+      _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+#ifdef __AVX512F__
+inline __m512 load16f(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16f(const int8_t* p) {  // 16 int8 widened in registers (exact)
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+#endif
+
+// y[0:MR, 0:16] (+)= x[0:MR, 0:kc] @ b[0:kc, 0:16], b's rows ldb apart: the widened
+// panel (float, ldb 16) or q itself (int8, ldb N, widened in registers: for up to 6
+// rows of x, where a panel would be used once). Each output is one FMA chain over k
+// in order, of the same values either way: the same bits from the panel and from q,
+// and from the AVX-512 version (one register per row) and the AVX2 one (two per row).
+template <int MR, typename T>
+inline void tile(const float* x, int64_t K, const T* b, int64_t ldb, float* y, int64_t ldy,
+                 int64_t kc, bool first) {
 #ifdef __AVX512F__
   __m512 c[MR];
   for (int r = 0; r < MR; ++r) c[r] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(y + r * ldy);
   for (int64_t k = 0; k < kc; ++k) {
-    const __m512 b = _mm512_loadu_ps(p + k * 16);
-    for (int r = 0; r < MR; ++r) c[r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * K + k]), b, c[r]);
+    const __m512 bk = load16f(b + k * ldb);
+    for (int r = 0; r < MR; ++r) c[r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * K + k]), bk, c[r]);
   }
   for (int r = 0; r < MR; ++r) _mm512_storeu_ps(y + r * ldy, c[r]);
 #else
@@ -104,7 +119,7 @@ inline void tile(const float* x, int64_t K, const float* p, float* y, int64_t ld
     c1[r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + r * ldy + 8);
   }
   for (int64_t k = 0; k < kc; ++k) {
-    const __m256 b0 = _mm256_loadu_ps(p + k * 16), b1 = _mm256_loadu_ps(p + k * 16 + 8);
+    const __m256 b0 = load8f(b + k * ldb), b1 = load8f(b + k * ldb + 8);
     for (int r = 0; r < MR; ++r) {
       const __m256 a = _mm256_broadcast_ss(x + r * K + k);
       c0[r] = _mm256_fmadd_ps(a, b0, c0[r]);
@@ -118,67 +133,16 @@ inline void tile(const float* x, int64_t K, const float* p, float* y, int64_t ld
 #endif
 }
 
-// The same tile with the 16 columns widened straight from q (row stride ldq) into
-// registers: for up to 6 rows of x, where the panel would be used once. The same
-// values in the same FMA chains as tile(): the same bits.
-template <int MR>
-inline void tile_direct(const float* x, int64_t K, const int8_t* q, int64_t ldq, float* y,
-                        int64_t ldy, int64_t kc, bool first) {
-#ifdef __AVX512F__
-  __m512 c[MR];
-  for (int r = 0; r < MR; ++r) c[r] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(y + r * ldy);
-  for (int64_t k = 0; k < kc; ++k) {
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + k * ldq));
-    const __m512 b = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(raw));
-    for (int r = 0; r < MR; ++r) c[r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * K + k]), b, c[r]);
-  }
-  for (int r = 0; r < MR; ++r) _mm512_storeu_ps(y + r * ldy, c[r]);
-#else
-  __m256 c0[MR], c1[MR];
-  for (int r = 0; r < MR; ++r) {
-    c0[r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + r * ldy);
-    c1[r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + r * ldy + 8);
-  }
-  for (int64_t k = 0; k < kc; ++k) {
-    const int8_t* qk = q + k * ldq;
-    const __m256 b0 = _mm256_cvtepi32_ps(
-        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qk))));
-    const __m256 b1 = _mm256_cvtepi32_ps(
-        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qk + 8))));
-    for (int r = 0; r < MR; ++r) {
-      const __m256 a = _mm256_broadcast_ss(x + r * K + k);
-      c0[r] = _mm256_fmadd_ps(a, b0, c0[r]);
-      c1[r] = _mm256_fmadd_ps(a, b1, c1[r]);
-    }
-  }
-  for (int r = 0; r < MR; ++r) {
-    _mm256_storeu_ps(y + r * ldy, c0[r]);
-    _mm256_storeu_ps(y + r * ldy + 8, c1[r]);
-  }
-#endif
-}
-
-inline void tile_direct_rows(int rows, const float* x, int64_t K, const int8_t* q, int64_t ldq,
-                             float* y, int64_t ldy, int64_t kc, bool first) {
+template <typename T>
+inline void tile_rows(int rows, const float* x, int64_t K, const T* b, int64_t ldb, float* y,
+                      int64_t ldy, int64_t kc, bool first) {
   switch (rows) {
-    case 6: tile_direct<6>(x, K, q, ldq, y, ldy, kc, first); break;
-    case 5: tile_direct<5>(x, K, q, ldq, y, ldy, kc, first); break;
-    case 4: tile_direct<4>(x, K, q, ldq, y, ldy, kc, first); break;
-    case 3: tile_direct<3>(x, K, q, ldq, y, ldy, kc, first); break;
-    case 2: tile_direct<2>(x, K, q, ldq, y, ldy, kc, first); break;
-    default: tile_direct<1>(x, K, q, ldq, y, ldy, kc, first); break;
-  }
-}
-
-inline void tile_rows(int rows, const float* x, int64_t K, const float* p, float* y, int64_t ldy,
-                      int64_t kc, bool first) {
-  switch (rows) {
-    case 6: tile<6>(x, K, p, y, ldy, kc, first); break;
-    case 5: tile<5>(x, K, p, y, ldy, kc, first); break;
-    case 4: tile<4>(x, K, p, y, ldy, kc, first); break;
-    case 3: tile<3>(x, K, p, y, ldy, kc, first); break;
-    case 2: tile<2>(x, K, p, y, ldy, kc, first); break;
-    default: tile<1>(x, K, p, y, ldy, kc, first); break;
+    case 6: tile<6>(x, K, b, ldb, y, ldy, kc, first); break;
+    case 5: tile<5>(x, K, b, ldb, y, ldy, kc, first); break;
+    case 4: tile<4>(x, K, b, ldb, y, ldy, kc, first); break;
+    case 3: tile<3>(x, K, b, ldb, y, ldy, kc, first); break;
+    case 2: tile<2>(x, K, b, ldb, y, ldy, kc, first); break;
+    default: tile<1>(x, K, b, ldb, y, ldy, kc, first); break;
   }
 }
 
@@ -218,12 +182,12 @@ void part_nn(const QWork& w, int64_t k0, int64_t k1, float* out) {
     const bool first = kb == k0;
     for (int64_t j = 0; j < n16; j += 16) {
       if (M <= 6) {  // one row group: widen in registers
-        tile_direct_rows(int(M), w.x + kb, K, w.q + kb * N + j, N, out + j, N, kc, first);
+        tile_rows(int(M), w.x + kb, K, w.q + kb * N + j, N, out + j, N, kc, first);
         continue;
       }
       for (int64_t k = 0; k < kc; ++k) widen(w.q + (kb + k) * N + j, 16, panel + k * 16);
       for (int64_t m0 = 0; m0 < M; m0 += 6)
-        tile_rows(int(std::min<int64_t>(6, M - m0)), w.x + m0 * K + kb, K, panel,
+        tile_rows(int(std::min<int64_t>(6, M - m0)), w.x + m0 * K + kb, K, panel, 16,
                   out + m0 * N + j, N, kc, first);
     }
   }
@@ -233,12 +197,6 @@ void part_nn(const QWork& w, int64_t k0, int64_t k1, float* out) {
 }
 
 #ifdef PAGEDJAX_AVX2
-inline __m256 load8f(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8f(const int8_t* p) {  // 8 int8 widened in registers (exact)
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-      _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-}
-
 // y[m0:M, n:n+4] = (x[m0:M] @ rows^T) * sc for 4 rows of q of K values each (K % 8 == 0),
 // read as floats (widened in a buffer) or as int8 (widened here): the same sums.
 template <typename T>
