@@ -68,7 +68,10 @@ class EngineCore:
         self._root: dict[str, tuple[str, int]] = {}  # seq id -> (request id, sample index)
         self._inflight: _InFlight | None = None
         self._topk: dict[str, dict[int, float]] = {}  # beam sequences: latest top-k
-        self._recent: dict[str, None] = {}  # request ids of the steps being worked on
+        # The rows of the steps being worked on (step_request_ids, after a failure), and
+        # the sequences forgotten since this step began (seq id -> request id).
+        self._recent: list[list] = []
+        self._forgotten: dict[str, str] = {}
         self.num_steps = 0
         self.num_overlapped_steps = 0
 
@@ -117,6 +120,8 @@ class EngineCore:
         """Sequence ``sid`` is gone; so is its request once no sequence is left."""
         self._topk.pop(sid, None)
         ref = self._root.pop(sid, None)
+        if ref is not None:
+            self._forgotten[sid] = ref[0]
         s = self._sampling.get(ref[0]) if ref is not None else None
         if s is not None:
             s.seqs.discard(sid)
@@ -129,8 +134,16 @@ class EngineCore:
 
     def step_request_ids(self) -> list[str]:
         """Requests with a row in the latest launched step or the one in flight
-        (the requests a failing ``step()`` was working on)."""
-        return list(self._recent)
+        (the requests a failing ``step()`` was working on). Worked out only when
+        asked: a step does not pay for it."""
+        ids: dict[str, None] = {}
+        for rows in self._recent:
+            for r in rows:
+                ref = self._root.get(r.request_id)
+                rid = ref[0] if ref is not None else self._forgotten.get(r.request_id)
+                if rid is not None:
+                    ids[rid] = None
+        return list(ids)
 
     # ------------------------------------------------------------------ beams (public)
     def fork_sequence(self, seq_id: str, new_seq_id: str) -> None:
@@ -170,15 +183,14 @@ class EngineCore:
         """Schedule and launch the next step; return the results of the one before
         (or of this one when running serially)."""
         out = CoreOutput()
-        self._recent = dict.fromkeys(
-            self._root[r.request_id][0] for r in self._inflight.sched.rows
-            if r.request_id in self._root) if self._inflight is not None else {}
+        self._forgotten = {}
+        self._recent = [self._inflight.sched.rows] if self._inflight is not None else []
         if self._inflight is not None and self._serial():
             self._complete(self._take_inflight(), out)
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.running, self._may_speculate)
         sched = self.scheduler.schedule()
-        self._recent.update(dict.fromkeys(self._root[r.request_id][0] for r in sched.rows))
+        self._recent.append(sched.rows)
         launched = self._launch(sched, out) if sched.rows else None
         if launched is not None and self._inflight is not None:
             self.num_overlapped_steps += 1  # launched while the one before was in flight
@@ -219,6 +231,7 @@ class EngineCore:
         first: list[SampleRow] = []
         extra: list[SampleRow] = []
         targets_first, targets_extra = [], []
+        token_src: dict[str, int] = {}
         deferred: list[tuple[int, str, int]] = []
         prompt_lp: dict[str, int] = {}
         prompt_tokens: dict[str, list[int]] = {}
@@ -245,25 +258,26 @@ class EngineCore:
             if row.num_samples == 0:
                 continue
             fork = row.num_samples > 1
-            lp = s.params[0].logprobs
             sr = s.rows.get(sid) if not fork else None
             if sr is not None and sr.state.output_token_ids is req.output_token_ids:
-                sr.row_index = i
+                sr.row_index = i  # the common row: its state from the step before
                 sr.state.num_placeholders = req.num_pending - 1
             else:
-                sr = SampleRow(sid, i, self._row_state(req, sid, 0 if fork else idx, fork), lp)
+                sr = SampleRow(sid, i, self._row_state(req, sid, 0 if fork else idx, fork),
+                               s.params[0].logprobs)
                 if not fork and s.grammar is None:
                     s.rows[sid] = sr
+            # Each row's first sample comes first, so a row's index in this step's
+            # sampled tokens is < max_num_seqs (the next step's placeholder source).
+            token_src[sid] = len(first)
             first.append(sr)
             if s.grammar is not None and not fork and req.num_pending > 1:
                 deferred.append((len(first) - 1, sid, idx))
             targets_first.append((sid, rid, 0 if fork else idx))
             for j in range(1, row.num_samples):
-                extra.append(SampleRow(sid, i, self._row_state(req, sid, j, True), lp))
+                extra.append(SampleRow(sid, i, self._row_state(req, sid, j, True),
+                                       s.params[0].logprobs))
                 targets_extra.append((sid, rid, j))
-        # Each row's first sample comes first, so a row's index in this step's
-        # sampled tokens is < max_num_seqs (the next step's placeholder source).
-        token_src = {t[0]: j for j, t in enumerate(targets_first)}
         prev = self._inflight
         if self.speculator is not None:  # serial: nothing in flight
             launched = self.speculator.launch(sched, first + extra, prompt_lp, prompt_tokens,
@@ -303,16 +317,16 @@ class EngineCore:
                     for r in fl.sched.rows if r.num_spec}
             spec = {sid: (n, req, req.num_output_tokens) for sid, (n, req) in spec.items()
                     if req is not None}
-        sampled: dict[str, list[int]] = {}
-        first_of: dict[str, int] = {}  # seq id -> its sampling row
+        first_of = fl.token_src  # seq id -> its (first) sampling row: they come first
+        if tokens is None:
+            sampled = {sid: [ids[j]] for sid, j in first_of.items()}
+        else:
+            sampled = {sid: list(tokens[j]) for sid, j in first_of.items()}
         extra_of: dict[tuple[str, int], int] = {}  # (parent seq id, sample index) -> row
-        for j, (sid, _, idx) in enumerate(fl.targets):
-            if sid in first_of:
-                extra_of[(sid, idx)] = j
-                sampled[sid].extend(tokens[j] if tokens is not None else (ids[j],))
-            else:
-                first_of[sid] = j
-                sampled[sid] = list(tokens[j]) if tokens is not None else [ids[j]]
+        for j in range(len(first_of), len(fl.targets)):
+            sid, _, idx = fl.targets[j]
+            extra_of[(sid, idx)] = j
+            sampled[sid].extend(tokens[j] if tokens is not None else (ids[j],))
         for sid, arrays in res.prompt_logprobs.items():
             rid = self._root.get(sid, (None,))[0]
             if rid is not None:

@@ -24,7 +24,6 @@ step, on the critical path when the device is fast.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from typing import Sequence
 
 import jax
@@ -115,32 +114,44 @@ def prepare(buckets: Buckets, rows, sample_rows: Sequence[SampleRow], prompt_lp:
     ``lora_slots``: each row's LoRA slot (-1: none), None when LoRA is off.
     ``tables``: the caller's page-table rows kept between steps (page_table.py)."""
     ps = buckets.page_size
-    num_tokens = sum(len(r.token_ids) for r in rows)
-    decode = all(len(r.token_ids) == 1 for r in rows)
-    max_pages = max(-(-(r.start_pos + len(r.token_ids)) // ps) for r in rows)
+    n_rows = len(rows)
+    # One pass over the rows (this runs per step, on the critical path when the device
+    # is fast); the rest is vectorized over rows and tokens.
+    lens_l, starts_l, last_l, nspec_l = [], [], [], []
+    flat: list[int] = []
+    for r in rows:
+        tk = r.token_ids
+        lens_l.append(len(tk))
+        starts_l.append(r.start_pos)
+        last_l.append(tk[-1])
+        nspec_l.append(r.num_spec)
+        flat.extend(tk)
+    num_tokens = len(flat)
+    decode = num_tokens == n_rows
+    lens = np.array(lens_l, np.int64)
+    starts = np.array(starts_l, np.int64)
+    ends = np.cumsum(lens)
+    max_pages = int(-(-(starts + lens).max() // ps))
     num_sample_rows = len(sample_rows)
-    t, s, p = buckets.bucket_sizes(len(rows), num_tokens, max_pages, decode)
+    t, s, p = buckets.bucket_sizes(n_rows, num_tokens, max_pages, decode)
     # Sampling rows (more than S when an n > 1 prompt completes) have their
     # own bucket, so the expensive model program never depends on them; at
     # least S of them, so that a sampler program serves a model bucket for
     # any number of sampling rows up to S (padding rows are greedy, dropped).
     r_pad = max(pow2(max(num_sample_rows, 1), 8), s)
-    # Vectorized over rows and tokens: the host's share of a step.
-    n_rows, chain = len(rows), itertools.chain.from_iterable
-    lens = np.fromiter((len(r.token_ids) for r in rows), np.int64, n_rows)
-    starts = np.fromiter((r.start_pos for r in rows), np.int64, n_rows)
-    ends = np.cumsum(lens)
     offs = ends - lens
-    row_of = np.repeat(np.arange(n_rows), lens)
-    pos = starts[row_of] + (np.arange(num_tokens) - offs[row_of])
+    if decode:
+        row_of = np.arange(n_rows)
+        pos = starts
+    else:
+        row_of = np.repeat(np.arange(n_rows), lens)
+        pos = starts[row_of] + (np.arange(num_tokens) - offs[row_of])
     token_ids = np.zeros(t, np.int32)
-    token_ids[:num_tokens] = np.fromiter(chain(r.token_ids for r in rows), np.int32,
-                                         num_tokens)
+    token_ids[:num_tokens] = flat
     src = np.full(t, -1, np.int32)
     if token_src:  # placeholders: the previous step's sampled token of that row
-        src[ends - 1] = np.fromiter(
-            (token_src[r.request_id] if r.token_ids[-1] < 0 else -1 for r in rows),
-            np.int32, n_rows)
+        src[ends - 1] = [token_src[r.request_id] if last < 0 else -1
+                         for r, last in zip(rows, last_l)]
     positions = np.zeros(t, np.int32)
     positions[:num_tokens] = pos
     slots = np.zeros(t, np.int32)
@@ -155,17 +166,16 @@ def prepare(buckets: Buckets, rows, sample_rows: Sequence[SampleRow], prompt_lp:
     # Speculative rows (num_spec proposals ending the row) also want the logits of
     # the positions before each proposal: appended after the S last-token rows, row
     # by row, the whole index padded to a power of two (>= S: no change without them).
-    nspec = np.fromiter((getattr(r, "num_spec", 0) for r in rows), np.int64, n_rows)
-    total_spec = int(nspec.sum())
+    total_spec = sum(nspec_l)
     logits_index = np.zeros(pow2(s + total_spec, s), np.int32)
     logits_index[:n_rows] = ends - 1
     if total_spec:
+        nspec = np.array(nspec_l, np.int64)
         spec_row = np.repeat(np.arange(n_rows), nspec)
         within = np.arange(total_spec) - np.repeat(np.cumsum(nspec) - nspec, nspec)
         logits_index[s:s + total_spec] = (ends - 1 - nspec)[spec_row] + within
     sample_index = np.zeros(r_pad, np.int32)
-    for j, sr in enumerate(sample_rows):
-        sample_index[j] = sr.row_index
+    sample_index[:num_sample_rows] = [sr.row_index for sr in sample_rows]
     if prompt_lp:
         for i, r in enumerate(rows):
             if r.request_id in prompt_lp:

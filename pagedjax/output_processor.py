@@ -25,7 +25,7 @@ from pagedjax.outputs import CompletionOutput, RequestMetrics, RequestOutput, ma
 from pagedjax.sampling_params import RequestOutputKind, SamplingParams
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class SeqUpdate:
     """What one step did to one sequence (the core's output, plain Python)."""
 
@@ -54,7 +54,7 @@ class CoreOutput:
     num_cached_tokens: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class _Seq:
     index: int
     detok: Any
@@ -68,7 +68,7 @@ class _Seq:
     stop_reason: Any = None
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class _ReqState:
     request_id: str
     prompt: str | None
@@ -262,12 +262,10 @@ class OutputProcessor:
 
     @staticmethod
     def _make_output(st: _ReqState) -> RequestOutput:
-        outs = []
-        for i, s in st.seqs.items():  # created in index order
-            outs.append(CompletionOutput(
-                i, s.text, s.token_ids.copy(),
-                s.cumulative_logprob if s.logprobs is not None else None,
-                s.logprobs.copy() if s.logprobs is not None else None,
-                s.finish_reason, s.stop_reason))
+        outs = [CompletionOutput(  # st.seqs: created in index order
+            i, s.text, s.token_ids.copy(),
+            s.cumulative_logprob if s.logprobs is not None else None,
+            s.logprobs.copy() if s.logprobs is not None else None,
+            s.finish_reason, s.stop_reason) for i, s in st.seqs.items()]
         return RequestOutput(st.request_id, st.prompt, st.prompt_token_ids, st.prompt_logprobs,
                              outs, st.finished, st.metrics.snapshot(), st.num_cached_tokens)

@@ -9,11 +9,12 @@ for the first token (it has no logprob).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import operator
+from dataclasses import dataclass, field, fields
 from typing import Callable, Optional, Sequence, Union
 
 
-@dataclass
+@dataclass(slots=True)
 class Logprob:
     """Log probability of one token, its rank (1 = most likely) and its text."""
 
@@ -42,7 +43,7 @@ def make_logprobs_dict(token_id: int, logprob: float, rank: int,
     return out
 
 
-@dataclass
+@dataclass(slots=True)
 class CompletionOutput:
     """One completion (of the ``n``) of a request."""
 
@@ -64,7 +65,7 @@ class CompletionOutput:
                 f"stop_reason={self.stop_reason})")
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestMetrics:
     """Times (seconds, time.time()) of a request's life."""
 
@@ -82,9 +83,7 @@ class RequestMetrics:
 
     def snapshot(self) -> "RequestMetrics":
         """A copy (outputs carry the times as of their step)."""
-        new = object.__new__(RequestMetrics)
-        new.__dict__.update(self.__dict__)
-        return new
+        return RequestMetrics(*_metric_fields(self))
 
     @property
     def acceptance_rate(self) -> Optional[float]:
@@ -98,7 +97,12 @@ class RequestMetrics:
         return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else None
 
 
-@dataclass
+# Every field of a RequestMetrics, in order, read in one C call (snapshot runs per
+# request per step).
+_metric_fields = operator.attrgetter(*(f.name for f in fields(RequestMetrics)))
+
+
+@dataclass(slots=True)
 class RequestOutput:
     """What ``LLM.generate`` returns per prompt and the engine streams."""
 

@@ -233,7 +233,9 @@ class Runner:
         prev_tokens = prev.tokens if prev is not None else self._no_tokens
         logits, plp = self._run_model(rows, batch, prompt_k, shape, prev_tokens)
         pending = ModelLaunched(logits, plp, st, sample_index, num_logprobs, shape, prompt_k,
-                                batch.meta.cu_q_lens, [r.request_id for r in rows], prompt_lp, t0)
+                                batch.meta.cu_q_lens,
+                                [r.request_id for r in rows] if prompt_lp else [],  # (fetch)
+                                prompt_lp, t0)
         return pending if defer_sample else self.launch_sample(pending)
 
     def launch_sample(self, pending: ModelLaunched,
@@ -268,7 +270,7 @@ class Runner:
         self.dispatch_cpu_seconds += time.thread_time() - c0
         self.num_steps += 1
         self.step_shapes.append((batch.meta.max_q_len == 1, shape[1], shape[0], len(rows),
-                                 sum(len(r.token_ids) for r in rows)))
+                                 int(batch.meta.cu_q_lens[len(rows)])))  # real tokens
         return logits, plp
 
     def launch_logits(self, rows, prompt_lp: dict[str, int] | None = None,

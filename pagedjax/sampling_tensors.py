@@ -196,7 +196,15 @@ def build_sampling_tensors(rows: Sequence[RowState], num_rows_padded: int, vocab
     if len(rows) > R:
         raise ValueError(f"got {len(rows)} rows for num_rows_padded={R}; raise num_rows_padded.")
     n = len(rows)
-    statics = [row.static or static_row(row.params, row.fallback_seed) for row in rows]
+    # One pass over the rows (per step): their static columns, seed counters, and the
+    # few rows that need more (penalties, bans, biases, allowed ids, grammar masks).
+    statics, counts, special = [], [], []
+    for r, row in enumerate(rows):
+        static = row.static or static_row(row.params, row.fallback_seed)
+        statics.append(static)
+        counts.append(len(row.output_token_ids) + row.num_placeholders)
+        if static[7] or row.bad_words_token_ids or row.grammar_bits is not None:
+            special.append(r)
     cols = list(zip(*statics)) if statics else [()] * 8
     greedy = np.ones(R, bool)
     greedy[:n] = cols[0]
@@ -214,7 +222,7 @@ def build_sampling_tensors(rows: Sequence[RowState], num_rows_padded: int, vocab
     key_data[:n, 0] = cols[5]
     key_data[:n, 1] = cols[6]
     counter = np.zeros(R, np.int32)
-    counter[:n] = [len(row.output_token_ids) + row.num_placeholders for row in rows]
+    counter[:n] = counts
     use_tkp = bool(n) and bool(((top_k[:n] < V) | (top_p[:n] < 1.0)).any())
     use_min_p = bool(n) and bool((min_p[:n] > 0.0).any())
     pen = np.zeros((3, R), np.float32)
@@ -224,12 +232,13 @@ def build_sampling_tensors(rows: Sequence[RowState], num_rows_padded: int, vocab
     allowed: dict[int, list[int]] = {}
     grammar: dict[int, np.ndarray] = {}
     hist: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    for r, row in enumerate(rows):
+    for r in special:
+        row = rows[r]
         if row.grammar_bits is not None:
             grammar[r] = row.grammar_bits
             use_allowed = True
         if not statics[r][7] and not row.bad_words_token_ids:
-            continue  # the common row: nothing more to do
+            continue  # only a grammar mask
         p = row.params
         if p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0:
             pen[:, r] = (p.presence_penalty, p.frequency_penalty, p.repetition_penalty)

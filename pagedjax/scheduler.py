@@ -180,7 +180,7 @@ class Scheduler(UpdateMixin):
             req = running[i]
             num_new = min(req.num_tokens_with_pending + len(req.spec_token_ids)
                           - req.num_computed_tokens, budget)
-            if num_new <= 0 or self._length_capped(req):
+            if num_new <= 0 or (req.num_pending and self._length_capped(req)):
                 i += 1
                 continue
             cow = self._reserve(req, num_new)
@@ -326,13 +326,14 @@ class Scheduler(UpdateMixin):
         else:
             spec = ()
         if start + num_new >= with_pending:
-            samples = req.n if self._samples_n(req) else 1
+            samples = req.n if req.n > 1 and self._samples_n(req) else 1
         if num_new == 1 and not spec:  # a decode row
-            tokens = [req.token_at(start)]
+            row = ScheduledRow(req.request_id, [req.token_at(start)], start,
+                               req.page_ids.copy(), samples)
         else:
             tokens = req.get_token_ids(start, start + num_new - len(spec)) + list(spec)
-        row = ScheduledRow(req.request_id, tokens, start, req.page_ids.copy(), samples,
-                           len(spec))
+            row = ScheduledRow(req.request_id, tokens, start, req.page_ids.copy(), samples,
+                               len(spec))
         req.num_computed_tokens = start + num_new
         if samples:
             req.num_pending += 1

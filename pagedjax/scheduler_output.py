@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledRow:
     request_id: str
     token_ids: list[int]  # new tokens fed this step

@@ -26,15 +26,16 @@ class UpdateMixin:
     def update(self, output: SchedulerOutput, sampled: dict[str, list[int]]) -> list[Request]:
         changed: list[Request] = []
         finished_waiting = []
-        requests, caching = self.requests, self.enable_prefix_caching
+        requests, caching, page_size = self.requests, self.enable_prefix_caching, self.page_size
         RUNNING = RequestStatus.RUNNING
         any_finished = False
         for row in output.rows:
             req = requests.get(row.request_id)
             if req is None:
                 continue  # finished or aborted since it was scheduled
-            if caching and req.status is RUNNING:
-                self._register(req)
+            if caching and req.status is RUNNING and \
+                    req.num_computed_tokens >= (req.num_registered_pages + 1) * page_size:
+                self._register(req)  # (only when a page may have filled up)
             if row.num_samples == 0:
                 continue
             tokens = sampled.get(row.request_id, ())
