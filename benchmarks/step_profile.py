@@ -213,12 +213,13 @@ def parts(runner, rows: int, context: int, reps: int) -> dict:
 
 
 def median_of(results: list[dict]) -> dict:
-    """Per key, the median over rounds (non-numeric values: the first round's)."""
+    """Per key, the median over rounds (values the rounds agree on, such as the row
+    count, and non-numeric ones: the first round's)."""
     out = {}
     for k, v in results[0].items():
-        nums = [x[k] for x in results]
-        out[k] = float(np.median(nums)) if isinstance(v, (int, float)) and \
-            not isinstance(v, bool) else v
+        vals = [x[k] for x in results]
+        numeric = isinstance(v, (int, float)) and not isinstance(v, bool)
+        out[k] = float(np.median(vals)) if numeric and len(set(vals)) > 1 else v
     return out
 
 
