@@ -209,11 +209,14 @@ def test_host_overhead_smoke(smollm2_gguf, tmp_path):
 
     out = tmp_path / "host.json"
     rc = host_overhead.main(["--part", "host", "--rows", "2", "--contexts", "20", "--steps", "3",
-                             "--out", str(out)])
+                             "--processes", "2", "--out", str(out)])
     assert rc == 0
     rep = json.loads(out.read_text())
     (cell,) = rep["host"]
     assert cell["rows"] == 2 and cell["context"] == 20 and cell["steps"] == 3
+    per = cell["host_cpu_ms_processes"]  # one median per fresh process; the cell: theirs
+    assert cell["processes"] == 2 and len(per) == 2
+    assert cell["host_cpu_ms_median"] == pytest.approx(float(np.median(per)))
     assert 0 < cell["host_ms_median"] <= cell["step_ms_median"] + 1e-6
     assert cell["device_wait_ms_median"] >= 0 and rep["machine"]["cores"] >= 1
 
