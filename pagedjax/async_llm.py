@@ -37,7 +37,7 @@ from typing import Any, AsyncIterator, Callable, Optional, Sequence
 
 from pagedjax.output_stream import RequestStream
 from pagedjax.outputs import RequestOutput
-from pagedjax.sampling_params import SamplingParams
+from pagedjax.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger("pagedjax.async_llm")
 
@@ -60,7 +60,7 @@ class AsyncLLM:
     ``AsyncLLM(model=None, **engine_kwargs)`` takes :class:`EngineArgs` fields;
     ``AsyncLLM.from_engine(engine)`` wraps an engine that nothing else steps.
     ``stat_logger`` (optional) gets ``on_step(engine, num_requests)``,
-    ``on_finished(output)`` and ``on_error()`` calls from the engine thread.
+    ``on_finished(output, seqs)`` and ``on_error()`` calls from the engine thread.
     """
 
     def __init__(self, model: Optional[str] = None, tokenizer: Optional[str] = None, *,
@@ -264,14 +264,15 @@ class AsyncLLM:
                     e = EngineStepError(f"the engine could not add the request: {e}")
                 self._resolve(fut, e)
                 return
-            self._streams[rid] = [stream, None]
+            # [stream, latest output, per completion (finish reason, tokens) of a delta stream]
+            self._streams[rid] = [stream, None, {}]
             self._resolve(fut, None)
         else:
             _, ids, fut = cmd
             for rid in ids:
                 entry = self._streams.get(rid)
                 last = entry[1] if entry is not None else None
-                self._end(rid, _aborted(last) if last is not None else None)
+                self._end(rid, _aborted(last, entry[0].kind) if last is not None else None)
             self._resolve(fut, None)
 
     def _step(self) -> None:
@@ -293,10 +294,17 @@ class AsyncLLM:
             return
         for out in outputs:
             entry = self._streams.get(out.request_id)
+            seqs = None
+            if entry is not None and entry[0].kind is RequestOutputKind.DELTA:
+                totals = entry[2]  # deltas: the metrics want each completion's totals
+                for c in out.outputs:
+                    totals[c.index] = (c.finish_reason,
+                                       totals.get(c.index, (None, 0))[1] + len(c.token_ids))
+                seqs = list(totals.values())
             if out.finished:
                 self._streams.pop(out.request_id, None)
                 if self.stat_logger is not None:
-                    self.stat_logger.on_finished(out)
+                    self.stat_logger.on_finished(out, seqs)
             if entry is not None:
                 entry[1] = out
                 self._call(entry[0].loop, entry[0].put, out)
@@ -347,10 +355,16 @@ class _Shutdown(Exception):
     """Why the engine thread stopped when it was asked to."""
 
 
-def _aborted(last: RequestOutput) -> RequestOutput:
-    """The final output of a request aborted by ``abort()``: finish_reason 'abort'."""
+def _aborted(last: RequestOutput, kind: RequestOutputKind) -> RequestOutput:
+    """The final output of a request aborted by ``abort()``: finish_reason 'abort'.
+    A delta stream gets empty deltas that carry the finish (``last`` was sent)."""
     import dataclasses
 
+    if kind is RequestOutputKind.DELTA:
+        outs = [dataclasses.replace(o, text="", token_ids=[], finish_reason="abort",
+                                    logprobs=[] if o.logprobs is not None else None)
+                for o in last.outputs if o.finish_reason is None]
+        return dataclasses.replace(last, outputs=outs, finished=True, prompt_logprobs=None)
     outs = [o if o.finish_reason is not None else dataclasses.replace(o, finish_reason="abort")
             for o in last.outputs]
     return dataclasses.replace(last, outputs=outs, finished=True)

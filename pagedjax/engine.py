@@ -365,8 +365,10 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one step; return outputs of requests that changed.
 
-        Outputs are cumulative: each CompletionOutput holds the whole text and
-        token ids so far (a stop-string prefix still being matched is held back).
+        Outputs follow each request's ``output_kind``: cumulative (the default: each
+        CompletionOutput holds the whole text and token ids so far; a stop-string
+        prefix still being matched is held back), deltas (only what is new since the
+        request's previous output), or final only.
         With ``async_scheduling`` the outputs are those of the step before the one
         just launched.
         """

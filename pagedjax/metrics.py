@@ -156,8 +156,8 @@ class EngineMetrics:
     def on_step(self, engine, num_requests: int) -> None:
         self.update_engine(engine, num_requests)
 
-    def on_finished(self, output) -> None:
-        self.observe_finished(output)
+    def on_finished(self, output, seqs=None) -> None:
+        self.observe_finished(output, seqs)
 
     def on_error(self) -> None:
         self.engine_errors.inc()
@@ -194,12 +194,16 @@ class EngineMetrics:
         for key, value in (engine.spec_decode_stats() or {}).items():
             self._advance("spec_" + key, self.spec[key], value)
 
-    def observe_finished(self, output) -> None:
-        for o in output.outputs:
+    def observe_finished(self, output, seqs=None) -> None:
+        """A finished request's final output; ``seqs``: (finish reason, generated
+        tokens) per completion when the output does not hold them all (a delta)."""
+        if seqs is None:
+            seqs = [(o.finish_reason, len(o.token_ids)) for o in output.outputs]
+        for reason, _ in seqs:
             for counter in self.success.values():
-                counter.labels(self.model_name, o.finish_reason or "unknown").inc()
+                counter.labels(self.model_name, reason or "unknown").inc()
         self.request_prompt.observe(len(output.prompt_token_ids or ()))
-        self.request_generation.observe(sum(len(o.token_ids) for o in output.outputs))
+        self.request_generation.observe(sum(n for _, n in seqs))
         m = output.metrics
         if m is None:
             return
@@ -207,7 +211,7 @@ class EngineMetrics:
             self.ttft.observe(max(0.0, m.first_token_time - m.arrival_time))
         if m.finished_time is not None:
             self.e2e.observe(max(0.0, m.finished_time - m.arrival_time))
-            ntok = max((len(o.token_ids) for o in output.outputs), default=0)
+            ntok = max((n for _, n in seqs), default=0)
             if m.first_token_time is not None and ntok > 1:
                 self._observe_gaps(max(0.0, m.finished_time - m.first_token_time), ntok - 1)
         if m.time_in_queue is not None:

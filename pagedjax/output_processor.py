@@ -66,6 +66,11 @@ class _Seq:
     logprobs: list | None = None
     finish_reason: str | None = None
     stop_reason: Any = None
+    # output_kind=DELTA: how much of text / token_ids earlier outputs carried, and
+    # whether one carried the finish.
+    sent_text: int = 0
+    sent_tokens: int = 0
+    sent_final: bool = False
 
 
 @dataclasses.dataclass(slots=True)
@@ -181,7 +186,7 @@ class OutputProcessor:
                 seq.text = seq.stop.text
             touched[up.request_id] = st
         outputs = []
-        final_only = RequestOutputKind.FINAL_ONLY
+        final_only, delta = RequestOutputKind.FINAL_ONLY, RequestOutputKind.DELTA
         for rid, st in touched.items():
             if st.num_finished_seqs == len(st.seqs):
                 st.finished = True
@@ -191,7 +196,10 @@ class OutputProcessor:
                 self._wants_texts.discard(rid)
             elif st.params.output_kind == final_only:
                 continue  # nobody reads it before the end
-            outputs.append(self._make_output(st))
+            out = self._make_delta(st) if st.params.output_kind == delta \
+                else self._make_output(st)
+            if out is not None:
+                outputs.append(out)
         return outputs, stops
 
     def _append(self, st: _ReqState, seq: _Seq, up: SeqUpdate, now: float) -> str | None:
@@ -269,3 +277,27 @@ class OutputProcessor:
             s.finish_reason, s.stop_reason) for i, s in st.seqs.items()]
         return RequestOutput(st.request_id, st.prompt, st.prompt_token_ids, st.prompt_logprobs,
                              outs, st.finished, st.metrics.snapshot(), st.num_cached_tokens)
+
+    @staticmethod
+    def _make_delta(st: _ReqState) -> RequestOutput | None:
+        """output_kind=DELTA: only what earlier outputs did not carry (text, token ids,
+        logprobs; prompt logprobs in the first output only), so the outputs concatenate
+        to the cumulative one; None when nothing is new and the request goes on."""
+        outs, first = [], not any(s.sent_tokens or s.sent_final for s in st.seqs.values())
+        for i, s in st.seqs.items():
+            if s.sent_final:
+                continue
+            text, ids = s.text[s.sent_text:], s.token_ids[s.sent_tokens:]
+            if not text and not ids and s.finish_reason is None:
+                continue
+            lps = s.logprobs[s.sent_tokens:] if s.logprobs is not None else None
+            s.sent_text, s.sent_tokens = len(s.text), len(s.token_ids)
+            s.sent_final = s.finish_reason is not None
+            outs.append(CompletionOutput(
+                i, text, ids, s.cumulative_logprob if s.logprobs is not None else None, lps,
+                s.finish_reason, s.stop_reason))
+        if not outs and not st.finished:
+            return None
+        return RequestOutput(st.request_id, st.prompt, st.prompt_token_ids,
+                             st.prompt_logprobs if first else None, outs, st.finished,
+                             st.metrics.snapshot(), st.num_cached_tokens)

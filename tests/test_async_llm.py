@@ -193,3 +193,29 @@ def _small_engine():
     from pagedjax import EngineArgs, LLMEngine
 
     return LLMEngine(EngineArgs(max_model_len=128, max_num_seqs=2, num_pages=16))
+
+
+def test_slow_consumer_gets_merged_deltas():
+    """Deltas put while the consumer is busy merge into one pending output: nothing is
+    lost and nothing queues; a cumulative stream keeps only the newest output."""
+    from pagedjax.output_stream import RequestStream
+    from pagedjax.outputs import CompletionOutput, RequestOutput
+
+    def out(text, ids, finished=False, plp=None):
+        return RequestOutput("r", "p", [1], plp, [CompletionOutput(
+            0, text, ids, None, None, "stop" if finished else None)], finished)
+
+    async def main(kind, items):
+        s = RequestStream("r", asyncio.get_running_loop(), kind, lambda rid: None)
+        for it in items:
+            s.put(it)
+        return [o async for o in s]
+
+    got = asyncio.run(main(RequestOutputKind.DELTA, [out("Hel", [5], plp=[None]), out("lo", [6]),
+                                                      out("!", [7], finished=True)]))
+    assert len(got) == 1 and got[0].finished and got[0].prompt_logprobs == [None]
+    c = got[0].outputs[0]
+    assert (c.text, c.token_ids, c.finish_reason) == ("Hello!", [5, 6, 7], "stop")
+    got = asyncio.run(main(RequestOutputKind.CUMULATIVE, [out("Hel", [5]),
+                                                          out("Hello", [5, 6], finished=True)]))
+    assert [o.outputs[0].text for o in got] == ["Hello"]

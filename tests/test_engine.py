@@ -318,3 +318,47 @@ def test_startup_heap_frozen_once(llm_small_pool):
     del a
     gc.collect()
     assert ref() is None
+
+
+def test_engine_step_delta_outputs(llm_small_pool):
+    """output_kind=DELTA at the engine: each output carries only what is new, and the
+    deltas (text, token ids, logprobs; prompt logprobs once) add up to the final output
+    LLM.generate gives, also with n=2 seeded samples and a stop string."""
+    from pagedjax import RequestOutputKind
+
+    llm = llm_small_pool
+    engine = llm.llm_engine
+    prompt = "The capital of France is"
+    ref = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=16, logprobs=2,
+                                                prompt_logprobs=1), use_tqdm=False)[0]
+    stop_at = ref.outputs[0].text.strip().split(" ")[2]
+    cases = {
+        "greedy": SamplingParams(temperature=0.0, max_tokens=16, logprobs=2, prompt_logprobs=1),
+        "n2": SamplingParams(temperature=0.8, top_p=0.95, n=2, seed=7, max_tokens=12),
+        "stop": SamplingParams(temperature=0.0, max_tokens=16, stop=[stop_at]),
+    }
+    finals = {name: llm.generate([prompt], p, use_tqdm=False)[0] for name, p in cases.items()}
+    for name, p in cases.items():
+        q = p.clone()
+        q.output_kind = RequestOutputKind.DELTA
+        engine.add_request(f"delta-{name}", prompt, q)
+    seen = {name: [] for name in cases}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            seen[out.request_id[len("delta-"):]].append(out)
+    for name, outs in seen.items():
+        final = finals[name]
+        assert len(outs) > 2 and outs[-1].finished and not any(o.finished for o in outs[:-1])
+        assert sum(o.prompt_logprobs is not None for o in outs) == (
+            1 if cases[name].prompt_logprobs is not None else 0)
+        for want in final.outputs:
+            parts = [c for o in outs for c in o.outputs if c.index == want.index]
+            assert "".join(c.text for c in parts) == want.text, name
+            assert [t for c in parts for t in c.token_ids] == want.token_ids, name
+            assert parts[-1].finish_reason == want.finish_reason, name
+            assert sum(c.finish_reason is not None for c in parts) == 1, name
+            if want.logprobs is not None:
+                lps = [d for c in parts for d in c.logprobs]
+                assert [sorted(d) for d in lps] == [sorted(d) for d in want.logprobs]
+    assert finals["stop"].outputs[0].finish_reason == "stop"
+    assert engine.pool_stats().used == 0

@@ -72,7 +72,7 @@ def test_vllm_names_move_after_a_request(server):
     assert 0 < ttft <= e2e and itl == pytest.approx(e2e - ttft, rel=1e-6, abs=1e-6)
     assert after[("vllm:num_requests_running", None)] == 0
     assert after[("vllm:kv_cache_usage_perc", None)] == 0
-    # A streamed request counts its whole output too (the engine's outputs are cumulative).
+    # A streamed request counts its whole output too (its outputs are deltas).
     chunks = list(server.client().completions.create(
         model=server.model, prompt=prompt, max_tokens=5, temperature=0.0, stream=True,
         extra_body={"ignore_eos": True}))
