@@ -24,6 +24,16 @@ def _fast_decode():
     return PreTrainedTokenizerFast.decode
 
 
+def rust_backend(tokenizer):
+    """The tokenizer's Rust ``tokenizers.Tokenizer`` when decoding through it directly
+    gives transformers' text (no clean-up pass, ``decode`` not overridden), else None."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", True) or \
+            type(tokenizer).decode is not _fast_decode():
+        return None
+    return backend
+
+
 def _make_stream(backend, primer: Sequence[int], skip_special_tokens: bool):
     """A tokenizers DecodeStream that has seen ``primer`` (the context before the
     first output), or None without a Rust backend or DecodeStream."""
@@ -63,10 +73,7 @@ class IncrementalDetokenizer:
         self.output_text = ""
         # transformers' decode of a fast tokenizer is the backend's decode plus an
         # optional clean-up pass; without that pass, call the backend ourselves.
-        self._backend = getattr(tokenizer, "backend_tokenizer", None)
-        if getattr(tokenizer, "clean_up_tokenization_spaces", True) or \
-                type(tokenizer).decode is not _fast_decode():
-            self._backend = None
+        self._backend = rust_backend(tokenizer)
         # With the Rust tokenizer, its DecodeStream does the same windowed decode
         # in one call per token (as vLLM V1's fast detokenizer does), primed with
         # the prompt's last tokens; the two-decode path stays the fallback.

@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from pagedjax.detokenizer import IncrementalDetokenizer, StopChecker
+from pagedjax.byte_detokenizer import ByteDetokenizer, byte_table
+from pagedjax.detokenizer import IncrementalDetokenizer, StopChecker, rust_backend
 from pagedjax.outputs import CompletionOutput, RequestMetrics, RequestOutput, make_logprobs_dict
 from pagedjax.sampling_params import RequestOutputKind, SamplingParams
 
@@ -85,6 +86,9 @@ class _ReqState:
     num_cached_tokens: int = 0
     finished: bool = False
     num_finished_seqs: int = 0
+    # The one sequence of a plain request (n=1, no logprobs, no stop strings,
+    # detokenized), which process() updates on a short path; None otherwise.
+    plain: _Seq | None = None
 
 
 class OutputProcessor:
@@ -99,6 +103,19 @@ class OutputProcessor:
         self.finished_metrics: collections.deque = collections.deque(maxlen=max_finished_metrics)
         self.num_generated_tokens = 0
         self._wants_texts: set[str] = set()  # requests with logprob dicts (token texts)
+        self._byte_tables: dict[bool, Any] = {}  # skip_special_tokens -> ByteTable | None
+
+    def _detokenizer(self, prompt_token_ids: list[int], params: SamplingParams):
+        """A byte-table detokenizer for byte-level BPE tokenizers (byte_detokenizer.py),
+        else the general one; built once per skip_special_tokens setting."""
+        skip = params.skip_special_tokens
+        if skip not in self._byte_tables:
+            self._byte_tables[skip] = byte_table(rust_backend(self.tokenizer), skip)
+        table = self._byte_tables[skip]
+        detok = ByteDetokenizer.create(table, prompt_token_ids) if table is not None else None
+        return detok or IncrementalDetokenizer(
+            self.tokenizer, prompt_token_ids, skip_special_tokens=skip,
+            spaces_between_special_tokens=params.spaces_between_special_tokens)
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
@@ -107,19 +124,19 @@ class OutputProcessor:
         for i in range(params.n):
             seqs[i] = _Seq(
                 index=i,
-                detok=IncrementalDetokenizer(
-                    self.tokenizer, prompt_token_ids,
-                    skip_special_tokens=params.skip_special_tokens,
-                    spaces_between_special_tokens=params.spaces_between_special_tokens),
+                detok=self._detokenizer(prompt_token_ids, params),
                 stop=StopChecker(params.stop or [], params.include_stop_str_in_output),
                 params=params, logprobs=[] if params.logprobs is not None else None)
         if params.logprobs is not None or params.prompt_logprobs is not None:
             self._wants_texts.add(request_id)
+        plain = params.n == 1 and params.logprobs is None and params.detokenize \
+            and not seqs[0].stop.stop
         self._states[request_id] = _ReqState(
             request_id=request_id, prompt=prompt, prompt_token_ids=prompt_token_ids,
             params=params, seqs=seqs,
             metrics=RequestMetrics(arrival_time=arrival_time, last_token_time=arrival_time),
-            prompt_logprobs=[None] if params.prompt_logprobs is not None else None)
+            prompt_logprobs=[None] if params.prompt_logprobs is not None else None,
+            plain=seqs[0] if plain else None)
 
     def abort(self, request_id: str) -> bool:
         self._wants_texts.discard(request_id)
@@ -160,9 +177,27 @@ class OutputProcessor:
         touched: dict[str, _ReqState] = {}
         stops: list[tuple[str, str]] = []
         states = self._states
+        num_plain = 0
         for up in core.updates:
             st = states.get(up.request_id)
             if st is None:
+                continue
+            seq = st.plain
+            if seq is not None and up.finish_reason is None and not up.num_draft_tokens \
+                    and len(up.new_token_ids) == 1:
+                # The common row, on a short path (runs per row per step): what _append
+                # does for one token without stop strings or logprobs.
+                m = st.metrics
+                if m.first_token_time is None:
+                    m.first_token_time = now
+                m.last_token_time = now
+                tok = up.new_token_ids[0]
+                seq.token_ids.append(tok)
+                stop = seq.stop
+                stop.add(seq.detok.add(tok))
+                seq.text = stop.text
+                num_plain += 1
+                touched[up.request_id] = st
                 continue
             seq = st.seqs[up.index]
             if up.num_draft_tokens:  # speculative decoding counts
@@ -185,9 +220,18 @@ class OutputProcessor:
                     seq.stop.add(seq.detok.flush())
                 seq.text = seq.stop.text
             touched[up.request_id] = st
+        self.num_generated_tokens += num_plain
         outputs = []
         final_only, delta = RequestOutputKind.FINAL_ONLY, RequestOutputKind.DELTA
+        cumulative = RequestOutputKind.CUMULATIVE
         for rid, st in touched.items():
+            seq = st.plain
+            if seq is not None and not seq.finish_reason and st.params.output_kind == cumulative:
+                outputs.append(RequestOutput(  # _make_output, for the one plain sequence
+                    rid, st.prompt, st.prompt_token_ids, st.prompt_logprobs,
+                    [CompletionOutput(0, seq.text, seq.token_ids.copy(), None, None, None, None)],
+                    False, st.metrics.snapshot(), st.num_cached_tokens))
+                continue
             if st.num_finished_seqs == len(st.seqs):
                 st.finished = True
                 st.metrics.finished_time = now
