@@ -111,23 +111,23 @@ def byte_table(backend, skip_special_tokens: bool, num_checks: int = 64,
 
 
 class ByteDetokenizer:
-    """``IncrementalDetokenizer``'s interface (``add``, ``flush``, ``token_ids``,
-    ``output_text``) on a byte table. Build it with :meth:`create`, which says None
-    when the prompt ends inside a character (that case keeps the other path)."""
+    """``IncrementalDetokenizer``'s ``add`` and ``flush`` on a byte table. Build it
+    with :meth:`create`, which says None when the prompt ends inside a character
+    (that case keeps the other path). It keeps no copy of the ids or the text (the
+    output processor has both): per sequence it is the bytes of at most one
+    character still incomplete."""
 
-    __slots__ = ("table", "texts", "token_ids", "output_text", "_pending", "_size")
+    __slots__ = ("table", "texts", "_pending", "_size")
 
-    def __init__(self, table: ByteTable, prompt_token_ids: Sequence[int] = ()):
+    def __init__(self, table: ByteTable):
         self.table, self.texts = table.bytes, table.texts
         self._size = len(self.table)
-        self.token_ids: list[int] = list(prompt_token_ids)
-        self.output_text = ""
         self._pending = b""  # the bytes of a character not complete yet
 
     @classmethod
     def create(cls, table: ByteTable, prompt_token_ids: Sequence[int]
                ) -> Optional["ByteDetokenizer"]:
-        d = cls(table, prompt_token_ids)
+        d = cls(table)
         tail = prompt_token_ids[-INITIAL_PREFIX_TOKENS:]
         if any(not 0 <= t < d._size for t in tail):
             return None
@@ -140,32 +140,25 @@ class ByteDetokenizer:
         """Append generated ids; return the text they complete (may be "")."""
         if type(new_token_ids) is int:
             tok = new_token_ids
-            self.token_ids.append(tok)
             if not 0 <= tok < self._size:
                 raise ValueError(f"token id {tok} is outside the vocabulary (size {self._size})")
             if not self._pending:
                 text = self.texts[tok]  # the common case: a token of whole characters
                 if text is not None:
-                    if text:
-                        self.output_text += text
                     return text
             data = self._pending + self.table[tok]
         else:
             ids = [int(t) for t in new_token_ids]
-            self.token_ids.extend(ids)
             if any(not 0 <= t < self._size for t in ids):
                 raise ValueError(f"a token id in {ids} is outside the vocabulary "
                                  f"(size {self._size})")
             data = self._pending + b"".join(self.table[t] for t in ids)
         text, used = utf_8_decode(data, "replace", False)
         self._pending = data[used:]
-        if text:
-            self.output_text += text
         return text
 
     def flush(self) -> str:
         """Text of bytes still held back (an incomplete character at the end: U+FFFD)."""
         text, _ = utf_8_decode(self._pending, "replace", True)
         self._pending = b""
-        self.output_text += text
         return text

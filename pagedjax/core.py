@@ -341,16 +341,22 @@ class EngineCore:
                     self._join(req.request_id, self._root[req.parent_id][0], req.sample_index)
         if spec is None:
             logprob, rank = res.logprob.tolist(), res.rank.tolist()
+        root_of, sampling = self._root, self._sampling
+        plain_ids, plain_tokens = out.plain_request_ids, out.plain_token_ids
         for req in changed:
             sid = req.request_id
             j = first_of.get(sid)
             if j is None:
                 j = extra_of.get((req.parent_id, req.sample_index))
-            root = self._root.get(sid)
+            root = root_of.get(sid)
             if j is None or root is None:
                 continue
             rid, idx = root
-            s = self._sampling.get(rid)
+            s = sampling.get(rid)
+            if s is not None and s.plain and spec is None and req.finish_reason is None:
+                plain_ids.append(rid)  # the common row: two columns, no SeqUpdate
+                plain_tokens.append(ids[j])
+                continue
             if s is not None and s.grammar is not None and not req.is_finished:
                 self._advance_grammar(s.grammar, req)
             if spec is not None:

@@ -53,6 +53,11 @@ class CoreOutput:
     prompt_logprobs: dict[str, tuple] = dataclasses.field(default_factory=dict)
     first_scheduled: dict[str, float] = dataclasses.field(default_factory=dict)  # id -> time
     num_cached_tokens: dict[str, int] = dataclasses.field(default_factory=dict)
+    # Sequences of one-sample requests without logprobs that got one token and go on
+    # (the common decode row), as two columns instead of one SeqUpdate each: the
+    # request id (= the sequence id) and the token.
+    plain_request_ids: list[str] = dataclasses.field(default_factory=list)
+    plain_token_ids: list[int] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(slots=True)
@@ -178,49 +183,32 @@ class OutputProcessor:
         stops: list[tuple[str, str]] = []
         states = self._states
         num_plain = 0
-        for up in core.updates:
-            st = states.get(up.request_id)
+        for rid, tok in zip(core.plain_request_ids, core.plain_token_ids):
+            st = states.get(rid)
             if st is None:
                 continue
             seq = st.plain
-            if seq is not None and up.finish_reason is None and not up.num_draft_tokens \
-                    and len(up.new_token_ids) == 1:
-                # The common row, on a short path (runs per row per step): what _append
-                # does for one token without stop strings or logprobs.
-                m = st.metrics
-                if m.first_token_time is None:
-                    m.first_token_time = now
-                m.last_token_time = now
-                tok = up.new_token_ids[0]
-                seq.token_ids.append(tok)
-                stop = seq.stop
-                stop.add(seq.detok.add(tok))
-                seq.text = stop.text
-                num_plain += 1
-                touched[up.request_id] = st
+            if seq is None:  # stop strings, or not detokenized: the general path
+                if self._update(st, SeqUpdate(rid, rid, 0, [tok]), now, stops):
+                    touched[rid] = st
                 continue
-            seq = st.seqs[up.index]
-            if up.num_draft_tokens:  # speculative decoding counts
-                st.metrics.num_drafts += 1
-                st.metrics.num_draft_tokens += up.num_draft_tokens
-                st.metrics.num_accepted_tokens += up.num_accepted_tokens
-            if seq.finish_reason is not None:
-                continue  # stopped by a stop string: later tokens are dropped
-            if up.new_token_ids:
-                matched = self._append(st, seq, up, now)
-                if matched is not None:
-                    st.num_finished_seqs += 1
-                    if up.finish_reason is None:
-                        stops.append((up.seq_id, matched))
-            if up.finish_reason is not None and seq.finish_reason is None:
-                st.num_finished_seqs += 1
-                seq.finish_reason = up.finish_reason
-                seq.stop_reason = up.stop_reason
-                if seq.params.detokenize and seq.stop.stopped is None:
-                    seq.stop.add(seq.detok.flush())
-                seq.text = seq.stop.text
-            touched[up.request_id] = st
+            # The common row, on a short path (runs per row per step): what _append
+            # does for one token without stop strings or logprobs.
+            m = st.metrics
+            if m.first_token_time is None:
+                m.first_token_time = now
+            m.last_token_time = now
+            seq.token_ids.append(tok)
+            stop = seq.stop
+            stop.add(seq.detok.add(tok))
+            seq.text = stop.text
+            num_plain += 1
+            touched[rid] = st
         self.num_generated_tokens += num_plain
+        for up in core.updates:
+            st = states.get(up.request_id)
+            if st is not None and self._update(st, up, now, stops):
+                touched[up.request_id] = st
         outputs = []
         final_only, delta = RequestOutputKind.FINAL_ONLY, RequestOutputKind.DELTA
         cumulative = RequestOutputKind.CUMULATIVE
@@ -245,6 +233,32 @@ class OutputProcessor:
             if out is not None:
                 outputs.append(out)
         return outputs, stops
+
+    def _update(self, st: _ReqState, up: SeqUpdate, now: float,
+                stops: list[tuple[str, str]]) -> bool:
+        """One sequence's update on the general path (any params, any finish); False
+        when it is dropped (the sequence was stopped by a stop string)."""
+        seq = st.seqs[up.index]
+        if up.num_draft_tokens:  # speculative decoding counts
+            st.metrics.num_drafts += 1
+            st.metrics.num_draft_tokens += up.num_draft_tokens
+            st.metrics.num_accepted_tokens += up.num_accepted_tokens
+        if seq.finish_reason is not None:
+            return False  # stopped by a stop string: later tokens are dropped
+        if up.new_token_ids:
+            matched = self._append(st, seq, up, now)
+            if matched is not None:
+                st.num_finished_seqs += 1
+                if up.finish_reason is None:
+                    stops.append((up.seq_id, matched))
+        if up.finish_reason is not None and seq.finish_reason is None:
+            st.num_finished_seqs += 1
+            seq.finish_reason = up.finish_reason
+            seq.stop_reason = up.stop_reason
+            if seq.params.detokenize and seq.stop.stopped is None:
+                seq.stop.add(seq.detok.flush())
+            seq.text = seq.stop.text
+        return True
 
     def _append(self, st: _ReqState, seq: _Seq, up: SeqUpdate, now: float) -> str | None:
         """Add the new tokens; returns the stop string matched, if any."""

@@ -36,6 +36,13 @@ class RequestSampling:
     # seq id -> its SampleRow, reused step after step by plain rows (no grammar, not
     # a fork): only the row index and the placeholder count change.
     rows: dict = dataclasses.field(default_factory=dict)
+    # One sample, no logprobs, no top-k for beams, no grammar: the core reports its
+    # tokens in CoreOutput's plain columns, not as SeqUpdates.
+    plain: bool = False
+
+    def __post_init__(self):
+        self.plain = len(self.params) == 1 and self.params[0].logprobs is None \
+            and not self.keep_topk and self.grammar is None
 
     def fallback(self, index: int) -> int:
         return (self.fallback_seed + 7919 * index) % (2**31 - 1)

@@ -44,11 +44,10 @@ def test_matches_decode_and_general_path(tok, tables, chunk):
         fast = ByteDetokenizer.create(tables[True], prompt)
         deltas, got = _stream(fast, ids, chunk)
         _, want = _stream(IncrementalDetokenizer(tok, prompt), ids, chunk)
-        assert got == want == tok.decode(ids) == fast.output_text, text
+        assert got == want == tok.decode(ids), text
         # Text is streamed as soon as its characters are whole (a token's complete
         # characters before a split one, where the general path waits for both).
         assert not any("\ufffd" in x for x in deltas), text
-        assert fast.token_ids == prompt + ids
 
 
 @pytest.mark.parametrize("skip", [True, False])
