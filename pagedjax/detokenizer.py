@@ -144,6 +144,8 @@ class StopChecker:
     can be streamed now; ``take_safe()`` returns the not-yet-streamed part.
     """
 
+    __slots__ = ("stop", "include_stop_str_in_output", "max_len", "text", "stopped", "_sent")
+
     def __init__(self, stop: Sequence[str], include_stop_str_in_output: bool = False):
         self.stop = [s for s in stop if s]
         self.include_stop_str_in_output = include_stop_str_in_output

@@ -92,6 +92,16 @@ def _param(params: Any, name: str, default: Any) -> Any:
 class Request:
     """A single sequence. Forked children (n > 1, beam search) are Requests too."""
 
+    # Slotted: the scheduler reads a handful of these per row per step, and a fixed
+    # layout keeps them in one object (no per-instance dict).
+    __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "eos_token_ids",
+                 "arrival_time", "priority", "max_model_len", "cache_salt", "lora_int_id",
+                 "max_tokens", "min_tokens", "stop_token_ids", "ignore_eos", "n",
+                 "output_token_ids", "num_computed_tokens", "status", "page_ids",
+                 "finish_reason", "stop_reason", "num_preemptions", "num_cached_tokens",
+                 "parent_id", "sample_index", "block_hashes", "num_registered_pages",
+                 "first_scheduled", "num_pending", "spec_token_ids", "waiting_seq")
+
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: Any,
                  eos_token_ids: tuple[int, ...] = (), arrival_time: float | None = None,
                  priority: int = 0, max_model_len: int | None = None,
@@ -130,6 +140,9 @@ class Request:
         # Speculative decoding: tokens proposed for the next step (serial steps only),
         # scheduled after the pending token and verified by the target (spec_decode/).
         self.spec_token_ids: list[int] = []
+        # Its first insertion into a priority waiting queue (the tie-break, kept when
+        # a preempted request comes back).
+        self.waiting_seq: int | None = None
 
     # ---- token views -------------------------------------------------------
     @property

@@ -16,7 +16,7 @@ from pagedjax.sampling_params import SamplingParams
 from pagedjax.sampling_tensors import static_row
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class RequestSampling:
     """Per-request sampling state, fixed at add time (plus what the core reuses
     between steps: static rows, plain rows' SampleRows, what it reported)."""

@@ -29,7 +29,7 @@ EDIT_WIDTH = MAX_LOGIT_BIAS + BAN_WIDTH
 _MASK32 = 0xFFFFFFFF
 
 
-@dataclass
+@dataclass(slots=True)
 class RowState:
     """What the sampler needs of one running sequence (host side).
 

@@ -21,7 +21,9 @@ class WaitingQueue:
     def push(self, req: Request, front: bool = False) -> None:
         if self._by_priority:
             # first insertion order, kept when a preempted request comes back
-            seq = req.__dict__.setdefault("_waiting_seq", next(self._seq))
+            if req.waiting_seq is None:
+                req.waiting_seq = next(self._seq)
+            seq = req.waiting_seq
             heapq.heappush(self._heap, (req.priority, req.arrival_time, seq, req))
         elif front:
             self._deque.appendleft(req)
