@@ -1,4 +1,4 @@
-"""The C++ CPU kernels (kernels_pallas/cpu_native.cc) vs XLA on the same inputs.
+"""The C++ CPU kernels (kernels_pallas/cpu_native.cc, cpu_matmul.cc) vs XLA on the same inputs.
 
 Attention: one layer with SmolLM2-135M's heads (9 q / 3 kv, head_dim 64,
 16-token pages placed at random) for 1, 8 and 64 decode rows and a 512-token

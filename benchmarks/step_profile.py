@@ -18,7 +18,7 @@ context, on its own pages), in one process:
 * **sampling**: the sampler on R rows of logits, greedy and top-p 0.95;
 * **matmul floor**: the same-shape matmul chain (every layer's qkv, o,
   gate/up and down projections, then the LM head) on random weights, with
-  XLA's dot and with the C++ kernel (kernels_pallas/cpu_native.cc); the floor
+  XLA's dot and with the C++ kernel (kernels_pallas/cpu_matmul.cc); the floor
   is the faster of the two, per part;
 * derived: **norms/rotary/elementwise** = no attention - layer matmuls (the
   path the runner uses at R rows) - LM head - KV write; **dispatch/transfer/

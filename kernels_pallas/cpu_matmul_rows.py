@@ -8,7 +8,7 @@ few distinct weight matrices, so they come from memory as a model's do) is
 timed with both at 8, 16 and 32 rows, a few milliseconds in all. The limit
 is the largest of those row counts up to which the C++ kernel wins at every
 measured count by at least ``MARGIN`` (0: never). It is cached beside the
-kernel's build (``<cache>/native/cpu_kernels_<key>.matmul_rows.json``, the
+kernel's build (``<cache>/native/cpu_matmul_<key>.matmul_rows.json``, the
 key of the build: source, compiler, flags, jaxlib, CPU), so every process
 on the machine uses the same limit, and within a process it is decided once:
 an engine's execution plan, and so its compiled programs, depend only on it.
@@ -155,6 +155,6 @@ def native_matmul_rows() -> int:
         if _chosen is None:
             from kernels_pallas import cpu_native
 
-            info = cpu_native.build_info("cpu_kernels") if cpu_native.fast_matmul() else None
+            info = cpu_native.build_info("cpu_matmul") if cpu_native.fast_matmul() else None
             _chosen = decide(info["so"] if info else None)
         return _chosen

@@ -1,7 +1,8 @@
 """C++ kernels for the CPU, called through XLA's FFI: ragged paged attention and
 the few-row matmuls of decode steps.
 
-The source (``cpu_native.cc``, next to this file) is compiled on first use
+The sources (``cpu_native.cc``: attention; ``cpu_matmul.cc``: the matmul,
+its own library; next to this file) are compiled on first use
 with the system C++ compiler (``$CXX``, else ``g++``/``c++``/``clang++``)
 against the FFI headers jaxlib ships -- first for this CPU's full instruction
 set (``-march=native``: AVX-512 where the CPU has it), then AVX2 + FMA, then
@@ -12,7 +13,8 @@ and the shared library is cached under
 the compiler, the flags, the jaxlib version and the CPU. A build takes a few
 seconds once per machine. Without a compiler, ``available()`` is False and
 ``attention_backend="auto"`` keeps the XLA (pure jnp) path; set
-``PAGEDJAX_CPU_NATIVE=0`` to force that.
+``PAGEDJAX_CPU_NATIVE=0`` to force that. Each library is built the same way
+(``FfiLibrary``, ``build``).
 
 ``ragged_paged_attention``: same contract and results as
 ``reference.ragged_paged_attention``; q in float32 or bfloat16, pages in
@@ -47,6 +49,7 @@ from kernels_pallas import reference
 TARGET = "pagedjax_ragged_paged_attention"
 MATMUL_TARGET = "pagedjax_matmul"
 SOURCE = Path(__file__).with_name("cpu_native.cc")
+MATMUL_SOURCE = Path(__file__).with_name("cpu_matmul.cc")
 _Q_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 _KV_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.int8),
               jnp.dtype(jnp.float8_e4m3fn))
@@ -216,24 +219,25 @@ class FfiLibrary:
         return t
 
 
-_KERNELS = FfiLibrary(SOURCE, "cpu_kernels", {TARGET: "PagedjaxRaggedPagedAttention",
-                                              MATMUL_TARGET: "PagedjaxMatmul"})
+_KERNELS = FfiLibrary(SOURCE, "cpu_kernels", {TARGET: "PagedjaxRaggedPagedAttention"})
+_MATMUL = FfiLibrary(MATMUL_SOURCE, "cpu_matmul", {MATMUL_TARGET: "PagedjaxMatmul"})
 _load = _KERNELS.load
 
 
-def load_in_background() -> threading.Thread:
-    """Build (or find in the cache) and register the kernels on a daemon thread."""
-    return _KERNELS.load_in_background()
+def load_in_background() -> list[threading.Thread]:
+    """Build (or find in the cache) and register the attention kernel and the matmul
+    on daemon threads."""
+    return [_KERNELS.load_in_background(), _MATMUL.load_in_background()]
 
 
 def available() -> bool:
-    """True when the kernel is built (or was built now) and registered with XLA."""
+    """True when the attention kernel is built (or was built now) and registered."""
     return _load() is not None
 
 
 def fast_matmul() -> bool:
-    """True when the built matmul has its vectorized (AVX2 + FMA) paths."""
-    lib = _load()
+    """True when the matmul is built and has its vectorized (AVX2 + FMA) paths."""
+    lib = _MATMUL.load()
     return lib is not None and bool(lib.PagedjaxFastMatmul())
 
 
@@ -282,11 +286,12 @@ def ragged_paged_attention(
 def matmul(x: jax.Array, w: jax.Array, *, transposed: bool = False) -> jax.Array:
     """``x [M, K] @ w [K, N]`` (``transposed``: ``x @ w[N, K].T``), float32.
 
-    For the few-row matmuls of decode steps (see cpu_native.cc); other dtypes
+    For the few-row matmuls of decode steps (see cpu_matmul.cc); other dtypes
     and ranks go to ``jnp``.
     """
     f32 = jnp.dtype(jnp.float32)
-    if x.ndim != 2 or w.ndim != 2 or x.dtype != f32 or w.dtype != f32 or not available():
+    if x.ndim != 2 or w.ndim != 2 or x.dtype != f32 or w.dtype != f32 or \
+            _MATMUL.load() is None:
         return x @ (w.T if transposed else w)
     k = w.shape[1] if transposed else w.shape[0]
     if x.shape[1] != k:

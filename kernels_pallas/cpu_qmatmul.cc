@@ -13,7 +13,7 @@
 // 8; portable: a plain loop), which every row of x then reuses; the sums are
 // f32 FMA chains, the scale multiplies each output once at the end.
 //
-// Work split, as in cpu_native.cc's float32 few-row matmul: q [K, N] is split
+// Work split, as in cpu_matmul.cc's float32 few-row matmul: q [K, N] is split
 // along K into one contiguous part per thread of XLA's intra-op pool (partial
 // sums added at the end), each part read kKC rows at a time (kKC sequential
 // streams), 6 x 16 register tiles (up to 6 rows of x: each 16-column strip
@@ -40,6 +40,7 @@
 #endif
 
 #include "cpu_simd.h"
+#include "cpu_tile.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -83,76 +84,12 @@ struct QWork {
 };
 
 #ifdef PAGEDJAX_AVX2
-inline __m256 load8f(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8f(const int8_t* p) {  // 8 int8 widened in registers (exact)
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-      _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-}
+using pagedjax_tile::load8f;
 #ifdef __AVX512F__
-inline __m512 load16f(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16f(const int8_t* p) {  // 16 int8 widened in registers (exact)
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-      _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-}
+using pagedjax_tile::load16f;
 #endif
-
-// y[0:MR, 0:16] (+)= x[0:MR, 0:kc] @ b[0:kc, 0:16], b's rows ldb apart: the widened
-// panel (float, ldb 16) or q itself (int8, ldb N, widened in registers: for up to 6
-// rows of x, where a panel would be used once). Each output is one FMA chain over k
-// in order, of the same values either way: the same bits from the panel and from q,
-// and from the AVX-512 version (one register per row) and the AVX2 one (two per row).
-template <int MR, typename T>
-inline void tile(const float* x, int64_t K, const T* b, int64_t ldb, float* y, int64_t ldy,
-                 int64_t kc, bool first) {
-#ifdef __AVX512F__
-  __m512 c[MR];
-  for (int r = 0; r < MR; ++r) c[r] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(y + r * ldy);
-  for (int64_t k = 0; k < kc; ++k) {
-    const __m512 bk = load16f(b + k * ldb);
-    for (int r = 0; r < MR; ++r) c[r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * K + k]), bk, c[r]);
-  }
-  for (int r = 0; r < MR; ++r) _mm512_storeu_ps(y + r * ldy, c[r]);
-#else
-  __m256 c0[MR], c1[MR];
-  for (int r = 0; r < MR; ++r) {
-    c0[r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + r * ldy);
-    c1[r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + r * ldy + 8);
-  }
-  for (int64_t k = 0; k < kc; ++k) {
-    const __m256 b0 = load8f(b + k * ldb), b1 = load8f(b + k * ldb + 8);
-    for (int r = 0; r < MR; ++r) {
-      const __m256 a = _mm256_broadcast_ss(x + r * K + k);
-      c0[r] = _mm256_fmadd_ps(a, b0, c0[r]);
-      c1[r] = _mm256_fmadd_ps(a, b1, c1[r]);
-    }
-  }
-  for (int r = 0; r < MR; ++r) {
-    _mm256_storeu_ps(y + r * ldy, c0[r]);
-    _mm256_storeu_ps(y + r * ldy + 8, c1[r]);
-  }
-#endif
-}
-
-template <typename T>
-inline void tile_rows(int rows, const float* x, int64_t K, const T* b, int64_t ldb, float* y,
-                      int64_t ldy, int64_t kc, bool first) {
-  switch (rows) {
-    case 6: tile<6>(x, K, b, ldb, y, ldy, kc, first); break;
-    case 5: tile<5>(x, K, b, ldb, y, ldy, kc, first); break;
-    case 4: tile<4>(x, K, b, ldb, y, ldy, kc, first); break;
-    case 3: tile<3>(x, K, b, ldb, y, ldy, kc, first); break;
-    case 2: tile<2>(x, K, b, ldb, y, ldy, kc, first); break;
-    default: tile<1>(x, K, b, ldb, y, ldy, kc, first); break;
-  }
-}
-
-inline __m256 hsum8x8(const __m256* a) {  // lane i: the sum of a[i]'s 8 lanes
-  __m256 s01 = _mm256_hadd_ps(a[0], a[1]), s23 = _mm256_hadd_ps(a[2], a[3]);
-  __m256 s45 = _mm256_hadd_ps(a[4], a[5]), s67 = _mm256_hadd_ps(a[6], a[7]);
-  __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67);
-  return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20),
-                       _mm256_permute2f128_ps(s0123, s4567, 0x31));
-}
+using pagedjax_tile::tile_rows;
+using pagedjax_simd::hsum8x8;
 #endif
 
 // out[:, n0:n1] = x[:, k0:k1] @ q[k0:k1, n0:n1], plain loops: the columns past the
@@ -208,22 +145,7 @@ void rows4_nt(const QWork& w, const T* w0, const T* w1, const T* w2, const T* w3
   for (; m + 2 <= M; m += 2) {
     const float* xa = w.x + m * K;
     const float* xb = xa + K;
-    __m256 a[8];
-    for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K; k += 8) {
-      const __m256 u = _mm256_loadu_ps(xa + k), v = _mm256_loadu_ps(xb + k);
-      const __m256 b0 = load8f(w0 + k), b1 = load8f(w1 + k);
-      const __m256 b2 = load8f(w2 + k), b3 = load8f(w3 + k);
-      a[0] = _mm256_fmadd_ps(u, b0, a[0]);
-      a[1] = _mm256_fmadd_ps(u, b1, a[1]);
-      a[2] = _mm256_fmadd_ps(u, b2, a[2]);
-      a[3] = _mm256_fmadd_ps(u, b3, a[3]);
-      a[4] = _mm256_fmadd_ps(v, b0, a[4]);
-      a[5] = _mm256_fmadd_ps(v, b1, a[5]);
-      a[6] = _mm256_fmadd_ps(v, b2, a[6]);
-      a[7] = _mm256_fmadd_ps(v, b3, a[7]);
-    }
-    const __m256 s = hsum8x8(a);
+    const __m256 s = pagedjax_tile::dot2x4(xa, xb, w0, w1, w2, w3, K);
     _mm_storeu_ps(w.y + m * N + n, _mm_mul_ps(_mm256_castps256_ps128(s), sc));
     _mm_storeu_ps(w.y + (m + 1) * N + n, _mm_mul_ps(_mm256_extractf128_ps(s, 1), sc));
   }

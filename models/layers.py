@@ -143,7 +143,7 @@ def activation(name: str) -> Callable[[jax.Array], jax.Array]:
 # Decode steps multiply a handful of rows by every weight, where XLA:CPU's
 # GEMM runs well below the memory-bandwidth limit; the runner's plan routes
 # float32 matmuls of at most ``plan.native_matmul_rows`` rows to the C++ kernel
-# (kernels_pallas/cpu_native.cc) on the cpu_native backend, and the same rows'
+# (kernels_pallas/cpu_matmul.cc) on the cpu_native backend, and the same rows'
 # products with int8 weights to the C++ int8 kernel (kernels_pallas/cpu_qmatmul.cc).
 
 

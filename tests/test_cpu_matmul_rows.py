@@ -109,7 +109,9 @@ def test_make_plan_uses_the_override_and_the_cached_choice(tmp_path):
         pytest.skip(f"no vectorized C++ matmul here: {cpu_native.unavailable_reason()}")
     # A private cache holding this build (same key, so the child finds it, no rebuild)
     # and a choice written here: the child's plan must read that choice.
-    so = Path(cpu_native.build_info("cpu_kernels")["so"])
+    # (build(): the default flags' library, cached; build_info may name a build with other
+    # flags made by the build-path tests)
+    so = cpu_native.build(source=cpu_native.MATMUL_SOURCE, name="cpu_matmul")
     (tmp_path / "native").mkdir()
     shutil.copy(so, tmp_path / "native" / so.name)
     cmr.write_cache(cmr.cache_path(tmp_path / "native" / so.name), 5, {8: (1.0, 2.0)})  # 5: no measurement gives it

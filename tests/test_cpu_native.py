@@ -36,6 +36,8 @@ def test_builds_here_and_caches():
     first = cpu_native.build()
     assert first.exists() and first.parent.parent == cpu_native.cache_dir()
     assert cpu_native.build() == first  # second call: the cached library
+    matmul = cpu_native.build(source=cpu_native.MATMUL_SOURCE, name="cpu_matmul")
+    assert matmul.exists() and matmul != first  # its own library
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -207,7 +209,8 @@ def test_every_build_path_matches_numpy(flags):
     """Each instruction-set path (this CPU's full set, AVX2 + FMA, portable) passes its
     self-test in a child process and matches numpy; paths this machine cannot run
     are skipped with the reason."""
-    lib = build_path(cpu_native.SOURCE, "cpu_kernels", flags)
+    assert build_path(cpu_native.SOURCE, "cpu_kernels", flags).PagedjaxSelfTest() == 0
+    lib = build_path(cpu_native.MATMUL_SOURCE, "cpu_matmul", flags)
     assert lib.PagedjaxSelfTest() == 0
     target = f"pagedjax_matmul_path_{abs(hash(tuple(flags)))}"
     jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(lib.PagedjaxMatmul), platform="cpu")
@@ -243,7 +246,7 @@ def test_instruction_set_paths_give_the_same_bits():
     x = rng.standard_normal((12, 576), np.float32)
     w = rng.standard_normal((576, 200), np.float32)
     for flags in cpu_native.default_flag_sets()[:2]:
-        lib = build_path(cpu_native.SOURCE, "cpu_kernels", flags)
+        lib = build_path(cpu_native.MATMUL_SOURCE, "cpu_matmul", flags)
         target = f"pagedjax_matmul_bits_{abs(hash(tuple(flags)))}"
         jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(lib.PagedjaxMatmul), platform="cpu")
         outs.append([np.asarray(jax.jit(lambda a, b, m=m: jax.ffi.ffi_call(
