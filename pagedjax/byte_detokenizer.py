@@ -26,18 +26,19 @@ import numpy as np
 from pagedjax.detokenizer import INITIAL_PREFIX_TOKENS
 
 
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's printable character -> byte map (the ByteLevel alphabet)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) \
-        + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table (byte-level BPE's alphabet); the
+    GGUF tokenizer builder (tokenizer.py) uses it too."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {}, 0
     for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
 
 
 def _token_bytes(token: str, table: dict[str, int]) -> bytes:
@@ -85,7 +86,7 @@ def byte_table(backend, skip_special_tokens: bool, num_checks: int = 64,
     size = max(vocab.values()) + 1 if vocab else 0
     added = backend.get_added_tokens_decoder()
     special = {i for i, t in added.items() if t.special}
-    chars = _byte_decoder()
+    chars = {c: b for b, c in bytes_to_unicode().items()}
     table = [b""] * size
     for tok, i in vocab.items():
         if not (skip_special_tokens and i in special):

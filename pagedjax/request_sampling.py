@@ -38,7 +38,7 @@ class RequestSampling:
     rows: dict = dataclasses.field(default_factory=dict)
     # One sample, no logprobs, no top-k for beams, no grammar: the core reports its
     # tokens in CoreOutput's plain columns, not as SeqUpdates.
-    plain: bool = False
+    plain: bool = dataclasses.field(init=False, default=False)  # (derived: __post_init__)
 
     def __post_init__(self):
         self.plain = len(self.params) == 1 and self.params[0].logprobs is None \

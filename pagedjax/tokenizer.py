@@ -26,6 +26,7 @@ from typing import Optional, Sequence, Union
 
 # The text side of generation (incremental detokenizer, stop strings) lives in
 # detokenizer.py; its names are re-exported here, where callers have always found them.
+from pagedjax.byte_detokenizer import bytes_to_unicode
 from pagedjax.detokenizer import (INITIAL_PREFIX_TOKENS, IncrementalDetokenizer,  # noqa: F401
                                   StopChecker)
 
@@ -204,20 +205,6 @@ def read_gguf_metadata(path: Union[str, os.PathLike]) -> dict:
     return meta
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character table (byte-level BPE's alphabet)."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-            *range(ord("®"), ord("ÿ") + 1)]
-    table, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
-
-
 def _derive_merges(vocab: dict[str, int], scores: dict[str, float]) -> list[tuple[str, str]]:
     """Merges implied by a vocabulary without a merge list (SentencePiece):
     every split of a token into two vocabulary pieces, best score first (ties:
@@ -258,7 +245,7 @@ def _build_backend(meta: dict):
     tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
     types = meta.get("tokenizer.ggml.token_type") or []
     if kind == "gpt2":
-        byte_chars = _bytes_to_unicode()
+        byte_chars = bytes_to_unicode()
         alphabet = set(byte_chars.values())
         # Tokens are stored in the byte alphabet; respell any that are not.
         vocab = {(t if set(t) <= alphabet else "".join(byte_chars[b] for b in t.encode())): i

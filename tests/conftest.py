@@ -17,6 +17,14 @@ def smollm2_gguf() -> str:
     return os.path.join(list(spec.submodule_search_locations)[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_gguf):
+    """The default model's tokenizer (byte-level BPE, 49,152 tokens), built from its GGUF."""
+    from pagedjax.tokenizer import load_tokenizer
+
+    return load_tokenizer(os.path.dirname(smollm2_gguf), gguf_file=os.path.basename(smollm2_gguf))
+
+
 # The OpenAI server tests share ONE real server subprocess per session.
 from tests.server_utils import server  # noqa: E402,F401
 

