@@ -42,8 +42,10 @@ logger = logging.getLogger("pagedjax.core")
 class _InFlight:
     sched: SchedulerOutput
     launched: Launched
-    targets: list[tuple[str, str, int]]  # per sampling row: (seq id, request id, index)
-    token_src: dict[str, int]  # seq id -> its row in this step's sampled tokens
+    # The sampling rows: each row's first sample (``token_src``: seq id -> its row,
+    # rows 0..len-1), then n > 1 forks' extra samples, (seq id, sample index) each.
+    token_src: dict[str, int]
+    extra_targets: list[tuple[str, int]]
     prompt_starts: dict[str, int]
     sample_rows: list[SampleRow] | None = None  # kept while the sampler waits (deferred)
     deferred: list[tuple[int, str, int]] | None = None  # (sampling row, seq id, index)
@@ -230,7 +232,7 @@ class EngineCore:
         self.runner.copy_pages(sched.page_copies)
         first: list[SampleRow] = []
         extra: list[SampleRow] = []
-        targets_first, targets_extra = [], []
+        targets_extra: list[tuple[str, int]] = []
         token_src: dict[str, int] = {}
         deferred: list[tuple[int, str, int]] = []
         prompt_lp: dict[str, int] = {}
@@ -273,11 +275,10 @@ class EngineCore:
             first.append(sr)
             if s.grammar is not None and not fork and req.num_pending > 1:
                 deferred.append((len(first) - 1, sid, idx))
-            targets_first.append((sid, rid, 0 if fork else idx))
             for j in range(1, row.num_samples):
                 extra.append(SampleRow(sid, i, self._row_state(req, sid, j, True),
                                        s.params[0].logprobs))
-                targets_extra.append((sid, rid, j))
+                targets_extra.append((sid, j))
         prev = self._inflight
         if self.speculator is not None:  # serial: nothing in flight
             launched = self.speculator.launch(sched, first + extra, prompt_lp, prompt_tokens,
@@ -288,8 +289,8 @@ class EngineCore:
                                           token_src=prev.token_src if prev else None,
                                           lora_slots=lora_slots, defer_sample=bool(deferred))
         self.num_steps += 1
-        return _InFlight(sched, launched, targets_first + targets_extra, token_src,
-                         prompt_starts, first + extra if deferred else None, deferred or None)
+        return _InFlight(sched, launched, token_src, targets_extra, prompt_starts,
+                         first + extra if deferred else None, deferred or None)
 
     def _sample_deferred(self, fl: _InFlight) -> None:
         """The step before is fetched and its tokens fed to the matchers: launch this
@@ -306,7 +307,7 @@ class EngineCore:
     def _complete(self, fl: _InFlight, out: CoreOutput) -> None:
         if isinstance(fl.launched, Launched):
             res = self.runner.fetch(fl.launched)
-            ids = res.token_ids[:len(fl.targets)].tolist()
+            ids = res.token_ids[:len(fl.token_src) + len(fl.extra_targets)].tolist()
             tokens = None
             spec = None
         else:  # a speculative step: each row emits its accepted tokens + 1
@@ -323,8 +324,7 @@ class EngineCore:
         else:
             sampled = {sid: list(tokens[j]) for sid, j in first_of.items()}
         extra_of: dict[tuple[str, int], int] = {}  # (parent seq id, sample index) -> row
-        for j in range(len(first_of), len(fl.targets)):
-            sid, _, idx = fl.targets[j]
+        for j, (sid, idx) in enumerate(fl.extra_targets, len(first_of)):
             extra_of[(sid, idx)] = j
             sampled[sid].extend(tokens[j] if tokens is not None else (ids[j],))
         for sid, arrays in res.prompt_logprobs.items():

@@ -35,6 +35,7 @@ from models.base import AttentionMetadata
 from pagedjax import sampler as sampler_mod
 from pagedjax.page_table import PageTables
 from pagedjax.sampler import RowState
+from pagedjax.sampling_tensors import StaticColumns
 
 LOGPROB_BUCKETS = (20,)  # one top-k width: fewer sampler programs
 
@@ -117,10 +118,12 @@ _last = operator.itemgetter(-1)
 
 def prepare(buckets: Buckets, rows, sample_rows: Sequence[SampleRow], prompt_lp: dict[str, int],
         prompt_tokens: dict[str, list[int]] | None, token_src: dict[str, int] | None,
-        vocab_size: int, max_model_len: int, lora_slots=None, *, tables: PageTables):
+        vocab_size: int, max_model_len: int, lora_slots=None, *, tables: PageTables,
+        columns: StaticColumns | None = None):
     """Host-side padding. Returns (BatchInputs numpy pytree, SamplingTensors, statics).
     ``lora_slots``: each row's LoRA slot (-1: none), None when LoRA is off.
-    ``tables``: the caller's page-table rows kept between steps (page_table.py)."""
+    ``tables``: the caller's page-table rows kept between steps (page_table.py);
+    ``columns``: its sampling rows' static columns (sampling_tensors.StaticColumns)."""
     ps = buckets.page_size
     n_rows = len(rows)
     # The rows' columns by C-level loops (map + attrgetter: this runs per step, on the
@@ -201,7 +204,7 @@ def prepare(buckets: Buckets, rows, sample_rows: Sequence[SampleRow], prompt_lp:
                         logits_index=logits_index,
                         prompt_next_ids=next_ids)
     st = sampler_mod.build_sampling_tensors(
-        [sr.state for sr in sample_rows], r_pad, vocab_size, max_model_len)
+        [sr.state for sr in sample_rows], r_pad, vocab_size, max_model_len, columns)
     wanted = [sr.num_logprobs for sr in sample_rows if sr.num_logprobs is not None]
     num_logprobs = None
     if wanted:

@@ -34,6 +34,7 @@ from pagedjax.inputs import (LOGPROB_BUCKETS, BatchInputs, Buckets, SampleRow,  
 from pagedjax.packing import PackSpec, pack, unpack
 from pagedjax.page_table import PageTables
 from pagedjax.sampler import RowState
+from pagedjax.sampling_tensors import StaticColumns
 
 @dataclasses.dataclass
 class StepResult:
@@ -126,6 +127,8 @@ class Runner:
         self.shapes_seen: set[tuple] = set()
         # Page-table rows kept between steps, at the widest bucket (page_table.py).
         self.page_tables = PageTables(self.buckets.p_buckets()[-1], 2 * max_num_seqs + 8)
+        # The sampling rows' static columns, reused while the batch is unchanged.
+        self.sampling_columns = StaticColumns()
         # The latest steps only (bounded): launch-to-fetch seconds, and beside each
         # (decode-only, S bucket, T bucket, real rows, real tokens).
         self.step_times: collections.deque[float] = collections.deque(maxlen=1 << 16)
@@ -137,6 +140,9 @@ class Runner:
         self.dispatch_cpu_seconds = 0.0  # the same, CPU time of the calling thread
         self.s_max = pow2(max_num_seqs, 1)  # rows per step, padded: the token source width
         self._no_tokens = jnp.zeros(self.s_max, jnp.int32)
+        # The sampler backend the traced sampler resolves to ("auto"), resolved once on
+        # first use (that waits for the C++ sampler's build, so not here).
+        self._sample_backend: str | None = None
         CompileCounter.install()
         # Two programs per step: the model (compiled per shape bucket, the
         # expensive one) and the sampler (per row bucket and feature flags,
@@ -215,7 +221,8 @@ class Runner:
             lora_slots = [-1] * len(rows)
         return prepare(self.buckets, rows, sample_rows, prompt_lp, prompt_tokens, token_src,
                        self.vocab_size, self.max_model_len,
-                       lora_slots if self.lora_enabled else None, tables=self.page_tables)
+                       lora_slots if self.lora_enabled else None, tables=self.page_tables,
+                       columns=self.sampling_columns)
 
     def launch(self, rows, sample_rows: Sequence[SampleRow],
                prompt_lp: dict[str, int] | None = None,
@@ -246,8 +253,11 @@ class Runner:
         if sample_rows is not None:
             st = sampler_mod.build_sampling_tensors([sr.state for sr in sample_rows],
                                                     len(pending.sample_index), self.vocab_size,
-                                                    self.max_model_len)
-        st = sampler_mod.program_flags(st)  # one program where the flags change nothing
+                                                    self.max_model_len, self.sampling_columns)
+        if self._sample_backend is None:
+            self._sample_backend = sampler_mod.resolve_backend()
+        # One program where the flags change nothing.
+        st = sampler_mod.program_flags(st, self._sample_backend)
         self.shapes_seen.add((pending.shape, pending.num_logprobs, pending.prompt_k,
                               sampler_mod.variant_key(st)))
         sbufs, sspec = pack((st, pending.sample_index))

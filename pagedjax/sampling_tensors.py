@@ -184,27 +184,11 @@ def _seed_words(seed: int) -> tuple[int, int]:
     return (s >> 32) & _MASK32, s & _MASK32
 
 
-def build_sampling_tensors(rows: Sequence[RowState], num_rows_padded: int, vocab_size: int,
-                           history_len: int) -> SamplingTensors:
-    """Pack per-row sampling state into fixed-shape numpy arrays.
-
-    Rows past ``len(rows)`` are greedy padding. ``history_len`` bounds the
-    number of *distinct* tokens a penalised row has seen (prompt + output when
-    repetition_penalty != 1, else output only).
-    """
-    R, V = num_rows_padded, vocab_size
-    if len(rows) > R:
-        raise ValueError(f"got {len(rows)} rows for num_rows_padded={R}; raise num_rows_padded.")
-    n = len(rows)
-    # One pass over the rows (per step): their static columns, seed counters, and the
-    # few rows that need more (penalties, bans, biases, allowed ids, grammar masks).
-    statics, counts, special = [], [], []
-    for r, row in enumerate(rows):
-        static = row.static or static_row(row.params, row.fallback_seed)
-        statics.append(static)
-        counts.append(len(row.output_token_ids) + row.num_placeholders)
-        if static[7] or row.bad_words_token_ids or row.grammar_bits is not None:
-            special.append(r)
+def _static_columns(statics: list[tuple], R: int, V: int) -> tuple:
+    """The columns of the rows' ``static_row`` tuples, padded to R rows (read-only:
+    :class:`StaticColumns` hands the same arrays to later steps), and the top-k/top-p
+    and min-p flags."""
+    n = len(statics)
     cols = list(zip(*statics)) if statics else [()] * 8
     greedy = np.ones(R, bool)
     greedy[:n] = cols[0]
@@ -221,10 +205,60 @@ def build_sampling_tensors(rows: Sequence[RowState], num_rows_padded: int, vocab
     key_data = np.zeros((R, 2), np.uint32)
     key_data[:n, 0] = cols[5]
     key_data[:n, 1] = cols[6]
-    counter = np.zeros(R, np.int32)
-    counter[:n] = counts
+    arrays = (greedy, temperature, top_k, top_p, min_p, key_data)
+    for a in arrays:
+        a.flags.writeable = False
     use_tkp = bool(n) and bool(((top_k[:n] < V) | (top_p[:n] < 1.0)).any())
     use_min_p = bool(n) and bool((min_p[:n] > 0.0).any())
+    return arrays + (use_tkp, use_min_p)
+
+
+class StaticColumns:
+    """The static columns of the latest build, reused while the next build's rows
+    carry equal ``static_row`` tuples in the same order (a decode step of an
+    unchanged batch: the core keeps each sequence's tuple, so the comparison is
+    one identity check per row). Held by the caller, one per stream of builds."""
+
+    def __init__(self) -> None:
+        self._key: tuple | None = None
+        self._columns: tuple | None = None
+
+    def get(self, statics: list[tuple], R: int, V: int) -> tuple:
+        key = self._key
+        if key is None or key[0] != R or key[1] != V or key[2] != statics:
+            self._columns = _static_columns(statics, R, V)
+            self._key = (R, V, statics)
+        return self._columns
+
+
+def build_sampling_tensors(rows: Sequence[RowState], num_rows_padded: int, vocab_size: int,
+                           history_len: int, columns: StaticColumns | None = None
+                           ) -> SamplingTensors:
+    """Pack per-row sampling state into fixed-shape numpy arrays.
+
+    Rows past ``len(rows)`` are greedy padding. ``history_len`` bounds the
+    number of *distinct* tokens a penalised row has seen (prompt + output when
+    repetition_penalty != 1, else output only). ``columns``: the caller's
+    :class:`StaticColumns`, which skips rebuilding the static columns when the
+    rows' static parts are those of its previous build.
+    """
+    R, V = num_rows_padded, vocab_size
+    if len(rows) > R:
+        raise ValueError(f"got {len(rows)} rows for num_rows_padded={R}; raise num_rows_padded.")
+    n = len(rows)
+    # One pass over the rows (per step): their static columns, seed counters, and the
+    # few rows that need more (penalties, bans, biases, allowed ids, grammar masks).
+    statics, counts, special = [], [], []
+    for r, row in enumerate(rows):
+        static = row.static or static_row(row.params, row.fallback_seed)
+        statics.append(static)
+        counts.append(len(row.output_token_ids) + row.num_placeholders)
+        if static[7] or row.bad_words_token_ids or row.grammar_bits is not None:
+            special.append(r)
+    greedy, temperature, top_k, top_p, min_p, key_data, use_tkp, use_min_p = \
+        columns.get(statics, R, V) if columns is not None else _static_columns(statics, R, V)
+    counter = np.zeros(R, np.int32)
+    counter[:n] = counts
     pen = np.zeros((3, R), np.float32)
     pen[2] = 1.0
     use_pen = use_edits = use_allowed = False
