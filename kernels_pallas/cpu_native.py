@@ -242,8 +242,17 @@ def fast_matmul() -> bool:
 
 
 def unavailable_reason() -> str | None:
+    """Why the attention kernel is unavailable (None when it loaded)."""
     _load()
     return _KERNELS.error
+
+
+def matmul_unavailable_reason() -> str | None:
+    """Why the C++ matmul is unavailable (None when it loaded). It is a library of
+    its own, so it can fail while the attention kernel loads; ``matmul`` then runs
+    ``jnp``."""
+    _MATMUL.load()
+    return _MATMUL.error
 
 
 def supports(q_dtype, kv_dtype, head_dim: int) -> bool:

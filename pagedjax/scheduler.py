@@ -247,10 +247,8 @@ class Scheduler(UpdateMixin):
 
     def _length_capped(self, req: Request, with_pending: int) -> bool:
         """True when the request's placeholders already reach max_tokens or the length
-        cap: it finishes when they land, so it gets no more rows. ``with_pending``:
-        ``req.num_tokens_with_pending``."""
-        if not req.num_pending:
-            return False
+        cap: it finishes when they land, so it gets no more rows. For a request with
+        placeholders; ``with_pending``: ``req.num_tokens_with_pending``."""
         outputs = len(req.output_token_ids) + req.num_pending
         return (req.max_tokens is not None and outputs >= req.max_tokens) or \
             with_pending >= min(req.max_model_len or self.max_model_len, self.max_seq_len)

@@ -83,7 +83,8 @@ def test_environment_overrides_and_bad_values_say_what_to_change(tmp_path, monke
 
 def test_real_measurement_gives_a_candidate_and_is_cached(tmp_path, monkeypatch):
     if not cpu_native.fast_matmul():
-        pytest.skip(f"no vectorized C++ matmul here: {cpu_native.unavailable_reason()}")
+        pytest.skip("no vectorized C++ matmul here: "
+                    f"{cpu_native.matmul_unavailable_reason() or 'built without AVX2 + FMA'}")
     monkeypatch.delenv(cmr.ENV, raising=False)
     timings = cmr.measure(reps=2)
     assert sorted(timings) == list(cmr.CANDIDATE_ROWS)
@@ -106,7 +107,8 @@ def _plan_rows(env: dict) -> list[int]:
 
 def test_make_plan_uses_the_override_and_the_cached_choice(tmp_path):
     if not cpu_native.fast_matmul():
-        pytest.skip(f"no vectorized C++ matmul here: {cpu_native.unavailable_reason()}")
+        pytest.skip("no vectorized C++ matmul here: "
+                    f"{cpu_native.matmul_unavailable_reason() or 'built without AVX2 + FMA'}")
     # A private cache holding this build (same key, so the child finds it, no rebuild)
     # and a choice written here: the child's plan must read that choice.
     # (build(): the default flags' library, cached; build_info may name a build with other

@@ -31,6 +31,7 @@ attend = jax.jit(cpu_native.ragged_paged_attention,
 
 def test_builds_here_and_caches():
     assert cpu_native.available(), cpu_native.unavailable_reason()
+    assert cpu_native.matmul_unavailable_reason() is None  # both libraries build here
     if "avx2" in open("/proc/cpuinfo").read() and "fma" in open("/proc/cpuinfo").read():
         assert cpu_native.fast_matmul()  # -march=native took
     first = cpu_native.build()
