@@ -140,9 +140,7 @@ class Runner:
         self.dispatch_cpu_seconds = 0.0  # the same, CPU time of the calling thread
         self.s_max = pow2(max_num_seqs, 1)  # rows per step, padded: the token source width
         self._no_tokens = jnp.zeros(self.s_max, jnp.int32)
-        # The sampler backend the traced sampler resolves to ("auto"), resolved once on
-        # first use (that waits for the C++ sampler's build, so not here).
-        self._sample_backend: str | None = None
+        self._sample_backend: str | None = None  # see sample_backend
         CompileCounter.install()
         # Two programs per step: the model (compiled per shape bucket, the
         # expensive one) and the sampler (per row bucket and feature flags,
@@ -158,7 +156,8 @@ class Runner:
             step_out, copy_out = (rep, rep, kv_sh), kv_sh
         self._step = jax.jit(self._step_impl, static_argnames=("spec", "plan", "prompt_k"),
                              donate_argnums=(1,), out_shardings=step_out)
-        self._sample = jax.jit(self._sample_impl, static_argnames=("spec", "num_logprobs"))
+        self._sample = jax.jit(self._sample_impl,
+                               static_argnames=("spec", "num_logprobs", "backend"))
         self._copy = jax.jit(self._copy_impl, donate_argnums=(0,), out_shardings=copy_out)
 
     # ------------------------------------------------------------------ device
@@ -180,12 +179,12 @@ class Runner:
             plp = sampler_mod.prompt_logprobs(all_logits, batch.prompt_next_ids, prompt_k)
         return logits, plp, kv_caches
 
-    def _sample_impl(self, logits, bufs, *, spec: PackSpec, num_logprobs):
+    def _sample_impl(self, logits, bufs, *, spec: PackSpec, num_logprobs, backend: str):
         """logits f32[S, V] of the step's rows; bufs: the packed (SamplingTensors,
         sample_index i32[R] picking each sampling row's logits). Also returns the
         first S_MAX sampled tokens at a fixed shape (the next step's placeholder source)."""
         st, sample_index = unpack(bufs, spec)
-        out = sampler_mod.sample(logits[sample_index], st, num_logprobs)
+        out = sampler_mod.sample(logits[sample_index], st, num_logprobs, backend=backend)
         n = min(self.s_max, out.token_ids.shape[0])
         tokens = jnp.zeros(self.s_max, jnp.int32).at[:n].set(out.token_ids[:n].astype(jnp.int32))
         return out, tokens
@@ -206,6 +205,15 @@ class Runner:
             src[i], dst[i] = s, d
         # numpy straight into the jit (jnp.asarray would compile a staging program per shape)
         self.kv_caches = self._copy(self.kv_caches, src, dst)
+
+    @property
+    def sample_backend(self) -> str:
+        """The sampler's draw ("native": the C++ sampler, or "xla"), a static argument
+        of the sampler program. Resolved once, on first use rather than at
+        construction: resolving waits for the C++ sampler's build."""
+        if self._sample_backend is None:
+            self._sample_backend = sampler_mod.resolve_backend()
+        return self._sample_backend
 
     # ------------------------------------------------------------------ host
     def bucket_sizes(self, num_rows: int, num_tokens: int, max_pages: int, decode: bool):
@@ -254,16 +262,14 @@ class Runner:
             st = sampler_mod.build_sampling_tensors([sr.state for sr in sample_rows],
                                                     len(pending.sample_index), self.vocab_size,
                                                     self.max_model_len, self.sampling_columns)
-        if self._sample_backend is None:
-            self._sample_backend = sampler_mod.resolve_backend()
-        # One program where the flags change nothing.
-        st = sampler_mod.program_flags(st, self._sample_backend)
+        backend = self.sample_backend
+        st = sampler_mod.program_flags(st, backend)  # one program where the flags change nothing
         self.shapes_seen.add((pending.shape, pending.num_logprobs, pending.prompt_k,
                               sampler_mod.variant_key(st)))
         sbufs, sspec = pack((st, pending.sample_index))
         t0, c0 = time.perf_counter(), time.thread_time()
         out, tokens = self._sample(pending.logits, sbufs, spec=sspec,
-                                   num_logprobs=pending.num_logprobs)
+                                   num_logprobs=pending.num_logprobs, backend=backend)
         self.dispatch_seconds += time.perf_counter() - t0
         self.dispatch_cpu_seconds += time.thread_time() - c0
         return Launched(out, pending.plp, tokens, pending.cu_q_lens, pending.row_ids,
@@ -343,13 +349,15 @@ class Runner:
     def sampler_compile_job(self, num_logits: int, st, num_logprobs):
         """(key, job) for the sampler program of ``num_logits`` logits rows and the
         sampling rows ``st`` (len(st.greedy) of them); see ``model_compile_job``."""
-        st = sampler_mod.program_flags(st)
+        backend = self.sample_backend
+        st = sampler_mod.program_flags(st, backend)
         rows = len(st.greedy)
         sbufs, sspec = pack((st, np.zeros(rows, np.int32)))
         logits = jax.ShapeDtypeStruct((num_logits, self.vocab_size), jnp.float32)
         key = ("sampler", num_logits, sspec, num_logprobs)
         return key, lambda: self._sample.lower(logits, sbufs, spec=sspec,
-                                               num_logprobs=num_logprobs).compile()
+                                               num_logprobs=num_logprobs,
+                                               backend=backend).compile()
 
     def copy_compile_job(self, num_copies: int):
         """(key, job) for the page-copy program of up to ``num_copies`` copies."""

@@ -178,9 +178,7 @@ class Scheduler(UpdateMixin):
         i = 0
         while i < len(running) and budget > 0 and len(rows) < max_rows:
             req = running[i]
-            # (req.num_tokens_with_pending, read once: this loop runs per row per step)
-            with_pending = len(req.prompt_token_ids) + len(req.output_token_ids) \
-                + req.num_pending
+            with_pending = req.num_tokens_with_pending  # (read once: per row per step)
             num_new = min(with_pending + len(req.spec_token_ids) - req.num_computed_tokens,
                           budget)
             if num_new <= 0 or (req.num_pending and self._length_capped(req, with_pending)):
@@ -242,14 +240,14 @@ class Scheduler(UpdateMixin):
                 req.num_cached_tokens = computed
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            rows[req.request_id] = self._make_row(req, num_new)
+            rows[req.request_id] = self._make_row(req, num_new, req.num_tokens_with_pending)
             budget -= num_new
 
     def _length_capped(self, req: Request, with_pending: int) -> bool:
         """True when the request's placeholders already reach max_tokens or the length
         cap: it finishes when they land, so it gets no more rows. For a request with
         placeholders; ``with_pending``: ``req.num_tokens_with_pending``."""
-        outputs = len(req.output_token_ids) + req.num_pending
+        outputs = req.num_output_tokens + req.num_pending
         return (req.max_tokens is not None and outputs >= req.max_tokens) or \
             with_pending >= min(req.max_model_len or self.max_model_len, self.max_seq_len)
 
@@ -316,14 +314,11 @@ class Scheduler(UpdateMixin):
         return (req.n > 1 and req.num_output_tokens == 0 and req.num_pending == 0
                 and req.parent_id is None)
 
-    def _make_row(self, req: Request, num_new: int,
-                  with_pending: int | None = None) -> ScheduledRow:
+    def _make_row(self, req: Request, num_new: int, with_pending: int) -> ScheduledRow:
         """The row, with the request advanced past it (and a placeholder if it samples).
-        ``with_pending``: ``req.num_tokens_with_pending`` when the caller has it."""
+        ``with_pending``: ``req.num_tokens_with_pending``."""
         start = req.num_computed_tokens
         samples = 0
-        if with_pending is None:
-            with_pending = req.num_tokens_with_pending
         if req.spec_token_ids:
             spec = req.spec_token_ids[:max(0, num_new - (with_pending - start))]
             req.spec_token_ids = []
