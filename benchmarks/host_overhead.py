@@ -13,7 +13,10 @@ wrapping ``jax.device_get`` in this process) and minus the time inside the
 jitted calls (``runner.dispatch_seconds``): XLA:CPU runs a program it judges
 cheap inline in the dispatching call, so on CPU that call holds device work
 (on an accelerator it returns in microseconds). The dispatch time is reported
-in its own column. *Host CPU* is the same split in CPU time of the engine's
+in its own column. Under each row, the wall time per step inside the host phases
+(scheduling, input preparation with the sampling tensors within it, the
+scheduler's update, output processing; each wrapped in the measuring process)
+and the cyclic garbage collector's collections and time per step. *Host CPU* is the same split in CPU time of the engine's
 thread (``time.thread_time``), which other processes on the machine disturb
 less than wall time. Run serially (``async_scheduling=False``) so the split is
 clean. On an older checkout without ``dispatch_seconds`` the benchmark times
@@ -158,6 +161,7 @@ def measure(model: str, rows: int, context: int, steps: int, async_scheduling: b
         engine.step()
     walls, blocks, disp, cpus = [], [], [], []
     runner = engine.runner
+    phases, gc_stats = _instrument_phases(engine), _count_gc()
     if not hasattr(runner, "dispatch_cpu_seconds"):
         # An older checkout (--baseline) without the counters: time its two jitted
         # calls the same way, in this benchmark process only.
@@ -175,6 +179,7 @@ def measure(model: str, rows: int, context: int, steps: int, async_scheduling: b
         disp.append(runner.dispatch_seconds - d0)
     assert len(outs) == rows, f"expected {rows} outputs per step, got {len(outs)}"
     jax.device_get = real_get
+    gc_stats.stop()
     walls, blocks, disp = np.asarray(walls), np.asarray(blocks), np.asarray(disp)
     host = walls - blocks - disp
     return {"rows": rows, "context": context, "steps": steps, "async": async_scheduling,
@@ -186,7 +191,58 @@ def measure(model: str, rows: int, context: int, steps: int, async_scheduling: b
             "device_wait_ms_median": 1000 * float(np.median(blocks)),
             "dispatch_ms_median": 1000 * float(np.median(disp)),
             "step_ms_median": 1000 * float(np.median(walls)),
-            "steps_per_s": float(steps / walls.sum())}
+            "steps_per_s": float(steps / walls.sum()),
+            # Wall ms per step inside each host phase (wrapped in this process; the
+            # sampling tensors are part of prepare), and the cyclic GC's share.
+            "phase_ms": {k: 1000 * v / steps for k, v in phases.items()},
+            "gc_collections_per_step": gc_stats.count / steps,
+            "gc_ms_per_step": 1000 * gc_stats.seconds / steps}
+
+
+def _instrument_phases(engine) -> dict:
+    """Wrap the engine's host phases (this benchmark process only) to sum their wall
+    time; a name an older checkout lacks is skipped."""
+    from pagedjax import sampler
+
+    totals: dict[str, float] = {}
+    targets = [("schedule", engine.scheduler, "schedule"), ("prepare", engine.runner, "prepare"),
+               ("sampling_tensors", sampler, "build_sampling_tensors"),
+               ("update", engine.scheduler, "update"),
+               ("process", getattr(engine, "processor", None), "process")]
+    for key, obj, name in targets:
+        fn = getattr(obj, name, None) if obj is not None else None
+        if fn is None:
+            continue
+        totals[key] = 0.0
+
+        def timed(*a, _fn=fn, _key=key, **kw):
+            t0 = time.perf_counter()
+            try:
+                return _fn(*a, **kw)
+            finally:
+                totals[_key] += time.perf_counter() - t0
+        setattr(obj, name, timed)
+    return totals
+
+
+class _count_gc:
+    """Collections of the cyclic garbage collector, and their wall time, until stop()."""
+
+    def __init__(self):
+        import gc
+
+        self.count, self.seconds, self._t0, self._gc = 0, 0.0, 0.0, gc
+        gc.callbacks.append(self._cb)
+
+    def _cb(self, phase, _info):
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.count += 1
+            self.seconds += time.perf_counter() - self._t0
+
+    def stop(self):
+        self._gc.callbacks.remove(self._cb)
 
 
 def _timed_dispatch(runner, fn):
@@ -207,6 +263,9 @@ def combine(runs: list[dict]) -> dict:
     for k, v in runs[0].items():
         if isinstance(v, float):
             out[k] = float(np.median([r[k] for r in runs]))
+    for k in ("phase_ms",):
+        if all(k in r for r in runs):
+            out[k] = {p: float(np.median([r[k][p] for r in runs])) for p in runs[0][k]}
     out["processes"] = len(runs)
     out["host_cpu_ms_processes"] = [r["host_cpu_ms_median"] for r in runs]
     return out
@@ -296,6 +355,11 @@ def main(argv=None) -> int:
                               f"{_ms(r.get('dispatch_ms_median')):>12} "
                               f"{r['step_ms_median']:>8.2f}  [{min(cpus):.2f}-{max(cpus):.2f}]",
                               flush=True)
+                        if "phase_ms" in r:
+                            print(" " * 9 + "phases, ms/step: " + ", ".join(
+                                f"{k} {v:.2f}" for k, v in r["phase_ms"].items())
+                                + f"; gc {r['gc_ms_per_step']:.2f} "
+                                f"({r['gc_collections_per_step']:.1f} collections)", flush=True)
     if ns.part in ("overlap", "both"):
         model = default_gguf()
         runs = {}

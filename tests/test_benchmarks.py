@@ -219,6 +219,12 @@ def test_host_overhead_smoke(smollm2_gguf, tmp_path):
     assert cell["host_cpu_ms_median"] == pytest.approx(float(np.median(per)))
     assert 0 < cell["host_ms_median"] <= cell["step_ms_median"] + 1e-6
     assert cell["device_wait_ms_median"] >= 0 and rep["machine"]["cores"] >= 1
+    phases = cell["phase_ms"]  # every host phase was wrapped and ran inside the steps
+    assert set(phases) == {"schedule", "prepare", "sampling_tensors", "update", "process"}
+    assert all(v > 0 for v in phases.values())
+    assert phases["sampling_tensors"] <= phases["prepare"]  # a part of it
+    assert sum(phases.values()) - phases["sampling_tensors"] <= cell["step_ms_median"] * 1.5
+    assert cell["gc_collections_per_step"] >= 0 and cell["gc_ms_per_step"] >= 0
 
 
 def test_spec_decode_benchmark_smoke(tiny_folder, tmp_path):
