@@ -16,7 +16,8 @@ cheap inline in the dispatching call, so on CPU that call holds device work
 in its own column. Under each row, the wall time per step inside the host phases
 (scheduling, input preparation with the sampling tensors within it, the
 scheduler's update, output processing; each wrapped in the measuring process)
-and the cyclic garbage collector's collections and time per step. *Host CPU* is the same split in CPU time of the engine's
+and the cyclic garbage collector's collections and time per step, and the net
+allocations of GC-tracked objects in one more step (the same in every process). *Host CPU* is the same split in CPU time of the engine's
 thread (``time.thread_time``), which other processes on the machine disturb
 less than wall time. Run serially (``async_scheduling=False``) so the split is
 clean. On an older checkout without ``dispatch_seconds`` the benchmark times
@@ -178,8 +179,9 @@ def measure(model: str, rows: int, context: int, steps: int, async_scheduling: b
         blocks.append(blocked[0])
         disp.append(runner.dispatch_seconds - d0)
     assert len(outs) == rows, f"expected {rows} outputs per step, got {len(outs)}"
-    jax.device_get = real_get
     gc_stats.stop()
+    tracked = _tracked_allocations(engine)
+    jax.device_get = real_get
     walls, blocks, disp = np.asarray(walls), np.asarray(blocks), np.asarray(disp)
     host = walls - blocks - disp
     return {"rows": rows, "context": context, "steps": steps, "async": async_scheduling,
@@ -196,7 +198,24 @@ def measure(model: str, rows: int, context: int, steps: int, async_scheduling: b
             # sampling tensors are part of prepare), and the cyclic GC's share.
             "phase_ms": {k: 1000 * v / steps for k, v in phases.items()},
             "gc_collections_per_step": gc_stats.count / steps,
-            "gc_ms_per_step": 1000 * gc_stats.seconds / steps}
+            "gc_ms_per_step": 1000 * gc_stats.seconds / steps,
+            "gc_tracked_allocations_per_step": tracked}
+
+
+def _tracked_allocations(engine) -> int:
+    """Net allocations of GC-tracked objects (containers: lists, outputs, rows) in one
+    more step, with the collector paused: what drives the young collections. Unlike
+    the times it is the same in every process, so it compares checkouts exactly."""
+    import gc
+
+    gc.collect()
+    gc.disable()
+    try:
+        before = gc.get_count()[0]
+        engine.step()
+        return gc.get_count()[0] - before
+    finally:
+        gc.enable()
 
 
 def _instrument_phases(engine) -> dict:
@@ -359,7 +378,9 @@ def main(argv=None) -> int:
                             print(" " * 9 + "phases, ms/step: " + ", ".join(
                                 f"{k} {v:.2f}" for k, v in r["phase_ms"].items())
                                 + f"; gc {r['gc_ms_per_step']:.2f} "
-                                f"({r['gc_collections_per_step']:.1f} collections)", flush=True)
+                                f"({r['gc_collections_per_step']:.1f} collections, "
+                                f"{r.get('gc_tracked_allocations_per_step', 0):.0f} tracked "
+                                "objects allocated per step)", flush=True)
     if ns.part in ("overlap", "both"):
         model = default_gguf()
         runs = {}

@@ -225,6 +225,8 @@ def test_host_overhead_smoke(smollm2_gguf, tmp_path):
     assert phases["sampling_tensors"] <= phases["prepare"]  # a part of it
     assert sum(phases.values()) - phases["sampling_tensors"] <= cell["step_ms_median"] * 1.5
     assert cell["gc_collections_per_step"] >= 0 and cell["gc_ms_per_step"] >= 0
+    # every decode step makes at least one output object per row
+    assert cell["gc_tracked_allocations_per_step"] >= cell["rows"]
 
 
 def test_spec_decode_benchmark_smoke(tiny_folder, tmp_path):
