@@ -16,10 +16,11 @@ cheap inline in the dispatching call, so on CPU that call holds device work
 in its own column. Under each row, the wall time per step inside the host phases
 (scheduling, input preparation with the sampling tensors within it, the
 scheduler's update, output processing; each wrapped in the measuring process)
-and the cyclic garbage collector's collections and time per step, and the net
-allocations of GC-tracked objects in one more step (the same in every process). *Host CPU* is the same split in CPU time of the engine's
-thread (``time.thread_time``), which other processes on the machine disturb
-less than wall time. Run serially (``async_scheduling=False``) so the split is
+and the cyclic garbage collector's collections and time per step, and the
+allocations of GC-tracked objects in one more step (the same in every process).
+*Host CPU* is the same split in CPU time of the engine's thread
+(``time.thread_time``), which other processes on the machine disturb less than
+wall time. Run serially (``async_scheduling=False``) so the split is
 clean. On an older checkout without ``dispatch_seconds`` the benchmark times
 the runner's two jitted calls itself.
 
@@ -180,6 +181,7 @@ def measure(model: str, rows: int, context: int, steps: int, async_scheduling: b
         disp.append(runner.dispatch_seconds - d0)
     assert len(outs) == rows, f"expected {rows} outputs per step, got {len(outs)}"
     gc_stats.stop()
+    phase_ms = {k: 1000 * v / steps for k, v in phases.items()}  # before the extra step
     tracked = _tracked_allocations(engine)
     jax.device_get = real_get
     walls, blocks, disp = np.asarray(walls), np.asarray(blocks), np.asarray(disp)
@@ -196,16 +198,18 @@ def measure(model: str, rows: int, context: int, steps: int, async_scheduling: b
             "steps_per_s": float(steps / walls.sum()),
             # Wall ms per step inside each host phase (wrapped in this process; the
             # sampling tensors are part of prepare), and the cyclic GC's share.
-            "phase_ms": {k: 1000 * v / steps for k, v in phases.items()},
+            "phase_ms": phase_ms,
             "gc_collections_per_step": gc_stats.count / steps,
             "gc_ms_per_step": 1000 * gc_stats.seconds / steps,
             "gc_tracked_allocations_per_step": tracked}
 
 
 def _tracked_allocations(engine) -> int:
-    """Net allocations of GC-tracked objects (containers: lists, outputs, rows) in one
-    more step, with the collector paused: what drives the young collections. Unlike
-    the times it is the same in every process, so it compares checkouts exactly."""
+    """Allocations less deallocations of GC-tracked objects (containers: lists, outputs,
+    rows) in one more step, with the collector paused: CPython's young-generation
+    counter (``gc.get_count()[0]``, which does not go below zero). Unlike the times it
+    does not vary between processes of the same code (``combine`` keeps each
+    process's figure), so it compares checkouts without their noise."""
     import gc
 
     gc.collect()
@@ -287,6 +291,8 @@ def combine(runs: list[dict]) -> dict:
             out[k] = {p: float(np.median([r[k][p] for r in runs])) for p in runs[0][k]}
     out["processes"] = len(runs)
     out["host_cpu_ms_processes"] = [r["host_cpu_ms_median"] for r in runs]
+    out["gc_tracked_allocations_processes"] = [r["gc_tracked_allocations_per_step"]
+                                                for r in runs]
     return out
 
 
@@ -379,7 +385,7 @@ def main(argv=None) -> int:
                                 f"{k} {v:.2f}" for k, v in r["phase_ms"].items())
                                 + f"; gc {r['gc_ms_per_step']:.2f} "
                                 f"({r['gc_collections_per_step']:.1f} collections, "
-                                f"{r.get('gc_tracked_allocations_per_step', 0):.0f} tracked "
+                                f"{r['gc_tracked_allocations_per_step']} tracked "
                                 "objects allocated per step)", flush=True)
     if ns.part in ("overlap", "both"):
         model = default_gguf()

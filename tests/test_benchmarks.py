@@ -227,6 +227,7 @@ def test_host_overhead_smoke(smollm2_gguf, tmp_path):
     assert cell["gc_collections_per_step"] >= 0 and cell["gc_ms_per_step"] >= 0
     # every decode step makes at least one output object per row
     assert cell["gc_tracked_allocations_per_step"] >= cell["rows"]
+    assert len(cell["gc_tracked_allocations_processes"]) == 2
 
 
 def test_spec_decode_benchmark_smoke(tiny_folder, tmp_path):
