@@ -319,14 +319,17 @@ class EngineCore:
             spec = {sid: (n, req, req.num_output_tokens) for sid, (n, req) in spec.items()
                     if req is not None}
         first_of = fl.token_src  # seq id -> its (first) sampling row: they come first
-        if tokens is None:
-            sampled = {sid: [ids[j]] for sid, j in first_of.items()}
+        if tokens is None:  # one token per row, as a plain int: first_of's values are
+            sampled = dict(zip(first_of, ids))  # 0, 1, 2, ... in insertion order
         else:
             sampled = {sid: list(tokens[j]) for sid, j in first_of.items()}
         extra_of: dict[tuple[str, int], int] = {}  # (parent seq id, sample index) -> row
         for j, (sid, idx) in enumerate(fl.extra_targets, len(first_of)):
             extra_of[(sid, idx)] = j
-            sampled[sid].extend(tokens[j] if tokens is not None else (ids[j],))
+            got = sampled[sid]
+            if got.__class__ is int:
+                sampled[sid] = got = [got]
+            got.extend(tokens[j] if tokens is not None else (ids[j],))
         for sid, arrays in res.prompt_logprobs.items():
             rid = self._root.get(sid, (None,))[0]
             if rid is not None:

@@ -181,8 +181,10 @@ class OutputProcessor:
                 self._add_prompt_logprobs(st, chunk)
         touched: dict[str, _ReqState] = {}
         stops: list[tuple[str, str]] = []
+        outputs: list[RequestOutput] = []
         states = self._states
         num_plain = 0
+        cumulative = RequestOutputKind.CUMULATIVE
         for rid, tok in zip(core.plain_request_ids, core.plain_token_ids):
             st = states.get(rid)
             if st is None:
@@ -203,25 +205,23 @@ class OutputProcessor:
             stop.add(seq.detok.add(tok))
             seq.text = stop.text
             num_plain += 1
-            touched[rid] = st
+            if st.params.output_kind is not cumulative:
+                touched[rid] = st
+                continue
+            # _make_output for the one plain sequence, inlined and made here, in the same
+            # pass (per row per step; it never finishes here: finishing rows come as
+            # SeqUpdates). The general path measured ~10% slower at 256 rows.
+            outputs.append(RequestOutput(
+                rid, st.prompt, st.prompt_token_ids, st.prompt_logprobs,
+                [CompletionOutput(0, seq.text, seq.token_ids.copy(), None, None, None, None)],
+                False, m.snapshot(), st.num_cached_tokens))
         self.num_generated_tokens += num_plain
         for up in core.updates:
             st = states.get(up.request_id)
             if st is not None and self._update(st, up, now, stops):
                 touched[up.request_id] = st
-        outputs = []
         final_only, delta = RequestOutputKind.FINAL_ONLY, RequestOutputKind.DELTA
-        cumulative = RequestOutputKind.CUMULATIVE
         for rid, st in touched.items():
-            seq = st.plain
-            if seq is not None and not seq.finish_reason and st.params.output_kind == cumulative:
-                # _make_output for the one plain sequence, inlined (per row per step; the
-                # general output path measured ~10% slower at 256 rows, BENCHMARKS.md).
-                outputs.append(RequestOutput(
-                    rid, st.prompt, st.prompt_token_ids, st.prompt_logprobs,
-                    [CompletionOutput(0, seq.text, seq.token_ids.copy(), None, None, None, None)],
-                    False, st.metrics.snapshot(), st.num_cached_tokens))
-                continue
             if st.num_finished_seqs == len(st.seqs):
                 st.finished = True
                 st.metrics.finished_time = now

@@ -165,11 +165,11 @@ class Scheduler(UpdateMixin):
         out = SchedulerOutput()
         budget = self._schedule_running(rows, copies, out.preempted_ids)
         if not out.preempted_ids:
-            self._schedule_waiting(rows, budget)
+            budget = self._schedule_waiting(rows, budget)
         out.rows = list(rows.values())
         if copies:
             out.page_copies = [c for rid in rows for c in copies.get(rid, ())]
-        out.num_batched_tokens = sum(len(r.token_ids) for r in out.rows)
+        out.num_batched_tokens = self.max_num_batched_tokens - budget  # the rows' tokens
         return out
 
     def _schedule_running(self, rows, copies, preempted) -> int:
@@ -204,7 +204,7 @@ class Scheduler(UpdateMixin):
             i += 1
         return budget
 
-    def _schedule_waiting(self, rows, budget: int) -> None:
+    def _schedule_waiting(self, rows, budget: int) -> int:
         ps = self.page_size
         while len(self.waiting) and budget > 0 and len(rows) < self.max_num_seqs:
             req = self.waiting.peek()
@@ -242,6 +242,7 @@ class Scheduler(UpdateMixin):
             self.running.append(req)
             rows[req.request_id] = self._make_row(req, num_new, req.num_tokens_with_pending)
             budget -= num_new
+        return budget
 
     def _length_capped(self, req: Request, with_pending: int) -> bool:
         """True when the request's placeholders already reach max_tokens or the length
@@ -327,11 +328,11 @@ class Scheduler(UpdateMixin):
         if start + num_new >= with_pending:
             samples = req.n if req.n > 1 and self._samples_n(req) else 1
         if num_new == 1 and not spec:  # a decode row
-            row = ScheduledRow(req.request_id, [req.token_at(start)], start,
-                               req.page_ids.copy(), samples)
+            row = ScheduledRow(req.request_id, [req.token_at(start)], start, req.page_ids,
+                               samples)
         else:
             tokens = req.get_token_ids(start, start + num_new - len(spec)) + list(spec)
-            row = ScheduledRow(req.request_id, tokens, start, req.page_ids.copy(), samples,
+            row = ScheduledRow(req.request_id, tokens, start, req.page_ids, samples,
                                len(spec))
         req.num_computed_tokens = start + num_new
         if samples:

@@ -1,14 +1,16 @@
 """What one ``Scheduler.schedule()`` hands the engine, and the contract around it.
 
 Contract with the engine
-* ScheduledRow.page_ids is a snapshot of the full page table.
+* ScheduledRow.page_ids is the request's own page list (not a copy: copying it
+  per row per step was measurable), covering the row. Read it before the next
+  schedule(), which may extend it or replace a page in it (copy-on-write).
 * page_copies (src, dst) have distinct dst pages, and no src is the dst of
   an EARLIER copy, so applying them in order and applying them all at once
   (`kv.at[:, dst].set(kv[:, src])`, gather before scatter) agree.  A src may
   be reused later in the list as a dst (its owner was preempted this step).
   Apply them before the step's K/V writes.
-* sampled[request_id] holds `num_samples` tokens for every row with
-  num_samples > 0 (rows with 0 may be omitted).  Rows of requests aborted
+* sampled[request_id] holds `num_samples` tokens (a list; one token may also be
+  a plain int) for every row with num_samples > 0 (rows with 0 may be omitted).  Rows of requests aborted
   between schedule() and update() are ignored.
 * update() must be called once per schedule(), in the same order; at most one
   schedule() may run ahead of its update() (one step in flight).
@@ -32,7 +34,7 @@ class ScheduledRow:
     request_id: str
     token_ids: list[int]  # new tokens fed this step
     start_pos: int        # positions are start_pos + arange(len(token_ids))
-    page_ids: list[int]   # full page table covering start_pos + len(token_ids)
+    page_ids: list[int]   # the request's page list (valid until the next schedule())
     num_samples: int = 1  # 0: mid-prompt chunk; n: fork a parallel-sampling request
     num_spec: int = 0     # proposed tokens at the end of token_ids (speculative decoding)
 

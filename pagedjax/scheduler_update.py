@@ -39,6 +39,8 @@ class UpdateMixin:
             if row.num_samples == 0:
                 continue
             tokens = sampled.get(row.request_id, ())
+            if tokens.__class__ is int:  # one token as a plain int (the common row)
+                tokens = (tokens,)
             if row.num_spec:
                 self._update_spec(req, row, list(tokens), changed)
                 any_finished = True  # cheap to re-check below
