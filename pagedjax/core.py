@@ -239,7 +239,7 @@ class EngineCore:
         prompt_tokens: dict[str, list[int]] = {}
         prompt_starts: dict[str, int] = {}
         lora_slots = [] if self.lora_slot is not None else None
-        get_request, root, sampling = self.scheduler.get_request, self._root, self._sampling
+        get_request, root, sampling = self.scheduler.requests.get, self._root, self._sampling
         first_scheduled, cached = out.first_scheduled, out.num_cached_tokens
         for i, row in enumerate(sched.rows):
             sid = row.request_id

@@ -22,7 +22,8 @@ import numpy as np
 
 from pagedjax.byte_detokenizer import ByteDetokenizer, byte_table
 from pagedjax.detokenizer import IncrementalDetokenizer, StopChecker, rust_backend
-from pagedjax.outputs import CompletionOutput, RequestMetrics, RequestOutput, make_logprobs_dict
+from pagedjax.outputs import (CompletionOutput, RequestMetrics, RequestOutput, make_logprobs_dict,
+                              metric_values)
 from pagedjax.sampling_params import RequestOutputKind, SamplingParams
 
 
@@ -201,9 +202,8 @@ class OutputProcessor:
                 m.first_token_time = now
             m.last_token_time = now
             seq.token_ids.append(tok)
-            stop = seq.stop
-            stop.add(seq.detok.add(tok))
-            seq.text = stop.text
+            stop = seq.stop  # stop.add(...) without stop strings, inlined
+            stop.text = seq.text = stop.text + seq.detok.add(tok)
             num_plain += 1
             if st.params.output_kind is not cumulative:
                 touched[rid] = st
@@ -214,7 +214,7 @@ class OutputProcessor:
             outputs.append(RequestOutput(
                 rid, st.prompt, st.prompt_token_ids, st.prompt_logprobs,
                 [CompletionOutput(0, seq.text, seq.token_ids.copy(), None, None, None, None)],
-                False, m.snapshot(), st.num_cached_tokens))
+                False, RequestMetrics(*metric_values(m)), st.num_cached_tokens))
         self.num_generated_tokens += num_plain
         for up in core.updates:
             st = states.get(up.request_id)

@@ -132,6 +132,13 @@ class PagePool:
     def ref_count(self, page: int) -> int:
         return self._ref[page]
 
+    @property
+    def ref_counts(self) -> list[int]:
+        """Every page's reference count, indexed by page id: the live list, for
+        readers that check many pages (the scheduler, per row per step). Read it only;
+        the counts change through allocate, free, fork and make_writable."""
+        return self._ref
+
     def is_cached(self, page: int) -> bool:
         """True if the page holds registered prefix-cache content."""
         return page in self._page_hash

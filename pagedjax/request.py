@@ -218,7 +218,7 @@ class Request:
             if last in self.stop_token_ids:
                 self.finish(RequestStatus.FINISHED_STOPPED, stop_reason=last)
                 return True
-        if self.num_tokens >= max_len or (
+        if len(self.prompt_token_ids) + n_out >= max_len or (  # num_tokens (per row per step)
                 self.max_tokens is not None and n_out >= self.max_tokens):
             self.finish(RequestStatus.FINISHED_LENGTH)
             return True

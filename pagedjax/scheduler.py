@@ -49,6 +49,9 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+_NO_COPIES: list = []  # what _reserve returns when no page is copied (never appended to)
+
+
 class Scheduler(UpdateMixin):
     """Token-budget scheduling (``schedule``, here) and result updates (``update``,
     ``scheduler_update.py``) over one page pool."""
@@ -174,17 +177,24 @@ class Scheduler(UpdateMixin):
 
     def _schedule_running(self, rows, copies, preempted) -> int:
         budget = self.max_num_batched_tokens
-        running, max_rows = self.running, self.max_num_seqs
+        running, max_rows, ps = self.running, self.max_num_seqs, self.page_size
+        refs = self.pool.ref_counts
         i = 0
         while i < len(running) and budget > 0 and len(rows) < max_rows:
             req = running[i]
-            with_pending = req.num_tokens_with_pending  # (read once: per row per step)
-            num_new = min(with_pending + len(req.spec_token_ids) - req.num_computed_tokens,
-                          budget)
+            # req.num_tokens_with_pending, inlined (this loop runs per row per step)
+            with_pending = len(req.prompt_token_ids) + len(req.output_token_ids) + req.num_pending
+            start = req.num_computed_tokens
+            num_new = min(with_pending + len(req.spec_token_ids) - start, budget)
             if num_new <= 0 or (req.num_pending and self._length_capped(req, with_pending)):
                 i += 1
                 continue
-            cow = self._reserve(req, num_new)
+            table = req.page_ids
+            j = start // ps
+            if num_new == 1 and j < len(table) and refs[table[j]] <= 1:
+                cow = _NO_COPIES  # a decode row into its own page: _reserve's first case
+            else:
+                cow = self._reserve(req, num_new)
             while cow is None:
                 victim = self._pick_victim()
                 vi = running.index(victim)
@@ -327,9 +337,11 @@ class Scheduler(UpdateMixin):
             spec = ()
         if start + num_new >= with_pending:
             samples = req.n if req.n > 1 and self._samples_n(req) else 1
-        if num_new == 1 and not spec:  # a decode row
-            row = ScheduledRow(req.request_id, [req.token_at(start)], start, req.page_ids,
-                               samples)
+        if num_new == 1 and not spec:  # a decode row; req.token_at(start), inlined
+            k = start - len(req.prompt_token_ids)
+            out = req.output_token_ids
+            token = req.prompt_token_ids[start] if k < 0 else out[k] if k < len(out) else -1
+            row = ScheduledRow(req.request_id, [token], start, req.page_ids, samples)
         else:
             tokens = req.get_token_ids(start, start + num_new - len(spec)) + list(spec)
             row = ScheduledRow(req.request_id, tokens, start, req.page_ids, samples,

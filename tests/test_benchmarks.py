@@ -224,7 +224,10 @@ def test_host_overhead_smoke(smollm2_gguf, tmp_path):
     assert all(v > 0 for v in phases.values())
     assert phases["sampling_tensors"] <= phases["prepare"]  # a part of it
     assert sum(phases.values()) - phases["sampling_tensors"] <= cell["step_ms_median"] * 1.5
-    assert cell["gc_collections_per_step"] >= 0 and cell["gc_ms_per_step"] >= 0
+    # the collector's time is counted exactly when it collected (per process, so in the
+    # medians too)
+    assert cell["gc_collections_per_step"] >= 0
+    assert (cell["gc_collections_per_step"] > 0) == (cell["gc_ms_per_step"] > 0)
     # every decode step makes at least one output object per row
     assert cell["gc_tracked_allocations_per_step"] >= cell["rows"]
     assert len(cell["gc_tracked_allocations_processes"]) == 2
