@@ -257,10 +257,11 @@ class EngineCore:
                 prompt_lp[sid] = s.prompt_logprobs
                 prompt_tokens[sid] = req.prompt_token_ids
                 prompt_starts[sid] = row.start_pos
-            if row.num_samples == 0:
+            num_samples = row.num_samples
+            if num_samples == 0:
                 continue
-            fork = row.num_samples > 1
-            sr = s.rows.get(sid) if not fork else None
+            fork = num_samples > 1
+            sr = None if fork else s.rows.get(sid)
             if sr is not None and sr.state.output_token_ids is req.output_token_ids:
                 sr.row_index = i  # the common row: its state from the step before
                 sr.state.num_placeholders = req.num_pending - 1
@@ -275,10 +276,11 @@ class EngineCore:
             first.append(sr)
             if s.grammar is not None and not fork and req.num_pending > 1:
                 deferred.append((len(first) - 1, sid, idx))
-            for j in range(1, row.num_samples):
-                extra.append(SampleRow(sid, i, self._row_state(req, sid, j, True),
-                                       s.params[0].logprobs))
-                targets_extra.append((sid, j))
+            if fork:
+                for j in range(1, num_samples):
+                    extra.append(SampleRow(sid, i, self._row_state(req, sid, j, True),
+                                           s.params[0].logprobs))
+                    targets_extra.append((sid, j))
         prev = self._inflight
         if self.speculator is not None:  # serial: nothing in flight
             launched = self.speculator.launch(sched, first + extra, prompt_lp, prompt_tokens,

@@ -49,9 +49,6 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-_NO_COPIES: list = []  # what _reserve returns when no page is copied (never appended to)
-
-
 class Scheduler(UpdateMixin):
     """Token-budget scheduling (``schedule``, here) and result updates (``update``,
     ``scheduler_update.py``) over one page pool."""
@@ -182,19 +179,37 @@ class Scheduler(UpdateMixin):
         i = 0
         while i < len(running) and budget > 0 and len(rows) < max_rows:
             req = running[i]
-            # req.num_tokens_with_pending, inlined (this loop runs per row per step)
-            with_pending = len(req.prompt_token_ids) + len(req.output_token_ids) + req.num_pending
+            prompt, outs = req.prompt_token_ids, req.output_token_ids
+            with_pending = len(prompt) + len(outs) + req.num_pending  # num_tokens_with_pending
             start = req.num_computed_tokens
-            num_new = min(with_pending + len(req.spec_token_ids) - start, budget)
-            if num_new <= 0 or (req.num_pending and self._length_capped(req, with_pending)):
+            spec = req.spec_token_ids
+            num_new = min(with_pending + len(spec) - start, budget)
+            # A request whose placeholders already reach the length cap or max_tokens
+            # finishes when they land: it gets no more rows.
+            if num_new <= 0 or (req.num_pending and (
+                    with_pending >= min(req.max_model_len or self.max_model_len, self.max_seq_len)
+                    or (req.max_tokens is not None
+                        and with_pending - len(prompt) >= req.max_tokens))):
                 i += 1
                 continue
             table = req.page_ids
-            j = start // ps
-            if num_new == 1 and j < len(table) and refs[table[j]] <= 1:
-                cow = _NO_COPIES  # a decode row into its own page: _reserve's first case
-            else:
-                cow = self._reserve(req, num_new)
+            if num_new == 1 and not spec and req.n == 1:
+                j = start // ps
+                if j < len(table) and refs[table[j]] <= 1:
+                    # The common decode row: one token into a page of its own, nothing
+                    # from the pool (this loop runs per row per step, so _reserve's first
+                    # case and _make_row are inlined here for it).
+                    k = start - len(prompt)
+                    token = prompt[start] if k < 0 else outs[k] if k < len(outs) else -1
+                    samples = 1 if start + 1 >= with_pending else 0
+                    rows[req.request_id] = ScheduledRow(req.request_id, [token], start, table,
+                                                        samples)
+                    req.num_computed_tokens = start + 1
+                    req.num_pending += samples
+                    budget -= 1
+                    i += 1
+                    continue
+            cow = self._reserve(req, num_new)
             while cow is None:
                 victim = self._pick_victim()
                 vi = running.index(victim)
@@ -253,14 +268,6 @@ class Scheduler(UpdateMixin):
             rows[req.request_id] = self._make_row(req, num_new, req.num_tokens_with_pending)
             budget -= num_new
         return budget
-
-    def _length_capped(self, req: Request, with_pending: int) -> bool:
-        """True when the request's placeholders already reach max_tokens or the length
-        cap: it finishes when they land, so it gets no more rows. For a request with
-        placeholders; ``with_pending``: ``req.num_tokens_with_pending``."""
-        outputs = req.num_output_tokens + req.num_pending
-        return (req.max_tokens is not None and outputs >= req.max_tokens) or \
-            with_pending >= min(req.max_model_len or self.max_model_len, self.max_seq_len)
 
     def _unforked_children(self) -> int:
         """n > 1 children still to be forked when in-flight prompt rows land."""
@@ -337,11 +344,9 @@ class Scheduler(UpdateMixin):
             spec = ()
         if start + num_new >= with_pending:
             samples = req.n if req.n > 1 and self._samples_n(req) else 1
-        if num_new == 1 and not spec:  # a decode row; req.token_at(start), inlined
-            k = start - len(req.prompt_token_ids)
-            out = req.output_token_ids
-            token = req.prompt_token_ids[start] if k < 0 else out[k] if k < len(out) else -1
-            row = ScheduledRow(req.request_id, [token], start, req.page_ids, samples)
+        if num_new == 1 and not spec:  # a decode row (a new or shared page, or n > 1)
+            row = ScheduledRow(req.request_id, [req.token_at(start)], start, req.page_ids,
+                               samples)
         else:
             tokens = req.get_token_ids(start, start + num_new - len(spec)) + list(spec)
             row = ScheduledRow(req.request_id, tokens, start, req.page_ids, samples,

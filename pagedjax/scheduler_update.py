@@ -27,19 +27,33 @@ class UpdateMixin:
         changed: list[Request] = []
         finished_waiting = []
         requests, caching, page_size = self.requests, self.enable_prefix_caching, self.page_size
+        max_seq_len = self.max_seq_len
         RUNNING = RequestStatus.RUNNING
         any_finished = False
         for row in output.rows:
             req = requests.get(row.request_id)
             if req is None:
                 continue  # finished or aborted since it was scheduled
-            if caching and req.status is RUNNING and \
-                    req.num_computed_tokens >= (req.num_registered_pages + 1) * page_size:
+            if caching and req.num_computed_tokens >= (req.num_registered_pages + 1) * page_size \
+                    and req.status is RUNNING:
                 self._register(req)  # (only when a page may have filled up)
             if row.num_samples == 0:
                 continue
             tokens = sampled.get(row.request_id, ())
-            if tokens.__class__ is int:  # one token as a plain int (the common row)
+            if tokens.__class__ is int:  # one token as a plain int
+                if row.num_samples == 1 and not row.num_spec and req.num_pending > 0:
+                    # The common row, on a short path (per row per step): the loop
+                    # below for one member and one token.
+                    req.num_pending -= 1
+                    req.output_token_ids.append(tokens)
+                    was_waiting = req.status is not RUNNING
+                    if req.check_stop(min(req.max_model_len, max_seq_len)):
+                        any_finished = True
+                        if was_waiting:
+                            finished_waiting.append(req)
+                        self._release(req)
+                    changed.append(req)
+                    continue
                 tokens = (tokens,)
             if row.num_spec:
                 self._update_spec(req, row, list(tokens), changed)
@@ -60,7 +74,7 @@ class UpdateMixin:
             for member, token in zip(family, tokens):
                 member.output_token_ids.append(int(token))
                 was_waiting = member.status is not RUNNING
-                if member.check_stop(min(member.max_model_len, self.max_seq_len)):
+                if member.check_stop(min(member.max_model_len, max_seq_len)):
                     any_finished = True
                     if was_waiting:
                         finished_waiting.append(member)
