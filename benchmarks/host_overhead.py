@@ -17,7 +17,9 @@ in its own column. Under each row, the wall time per step inside the host phases
 (scheduling, input preparation with the sampling tensors within it, the
 scheduler's update, output processing; each wrapped in the measuring process)
 and the cyclic garbage collector's collections and time per step, and the
-allocations of GC-tracked objects in one more step (the same in every process).
+allocations of GC-tracked objects in one more step, and the Python bytecodes and
+calls of one more (traced) step: these counts are the same in every process of
+the same code (``host_counters.py``), unlike the times.
 *Host CPU* is the same split in CPU time of the engine's thread
 (``time.thread_time``), which other processes on the machine disturb less than
 wall time. Run serially (``async_scheduling=False``) so the split is
@@ -63,6 +65,11 @@ import tempfile
 import time
 
 import numpy as np
+
+if __package__:  # imported (benchmarks.host_overhead): the instruments of this checkout
+    from benchmarks import host_counters
+else:  # run as a script, also in the children whose PYTHONPATH is the checkout measured
+    import host_counters  # this directory (sys.path[0]), never the measured checkout's
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = 49152
@@ -163,13 +170,13 @@ def measure(model: str, rows: int, context: int, steps: int, async_scheduling: b
         engine.step()
     walls, blocks, disp, cpus = [], [], [], []
     runner = engine.runner
-    phases, gc_stats = _instrument_phases(engine), _count_gc()
+    phases, gc_stats = host_counters.instrument_phases(engine), host_counters.CountGC()
     if not hasattr(runner, "dispatch_cpu_seconds"):
         # An older checkout (--baseline) without the counters: time its two jitted
         # calls the same way, in this benchmark process only.
         runner.dispatch_seconds = runner.dispatch_cpu_seconds = 0.0
         for name in ("_step", "_sample"):
-            setattr(runner, name, _timed_dispatch(runner, getattr(runner, name)))
+            setattr(runner, name, host_counters.timed_dispatch(runner, getattr(runner, name)))
     for _ in range(steps):
         blocked[:] = [0.0, 0.0]
         d0, dc0 = runner.dispatch_seconds, runner.dispatch_cpu_seconds
@@ -182,7 +189,8 @@ def measure(model: str, rows: int, context: int, steps: int, async_scheduling: b
     assert len(outs) == rows, f"expected {rows} outputs per step, got {len(outs)}"
     gc_stats.stop()
     phase_ms = {k: 1000 * v / steps for k, v in phases.items()}  # before the extra step
-    tracked = _tracked_allocations(engine)
+    tracked = host_counters.tracked_allocations(engine)
+    bytecodes, calls = host_counters.python_work(engine)
     jax.device_get = real_get
     walls, blocks, disp = np.asarray(walls), np.asarray(blocks), np.asarray(disp)
     host = walls - blocks - disp
@@ -201,82 +209,10 @@ def measure(model: str, rows: int, context: int, steps: int, async_scheduling: b
             "phase_ms": phase_ms,
             "gc_collections_per_step": gc_stats.count / steps,
             "gc_ms_per_step": 1000 * gc_stats.seconds / steps,
-            "gc_tracked_allocations_per_step": tracked}
-
-
-def _tracked_allocations(engine) -> int:
-    """Allocations less deallocations of GC-tracked objects (containers: lists, outputs,
-    rows) in one more step, with the collector paused: CPython's young-generation
-    counter (``gc.get_count()[0]``, which does not go below zero). Unlike the times it
-    does not vary between processes of the same code (``combine`` keeps each
-    process's figure), so it compares checkouts without their noise."""
-    import gc
-
-    gc.collect()
-    gc.disable()
-    try:
-        before = gc.get_count()[0]
-        engine.step()
-        return gc.get_count()[0] - before
-    finally:
-        gc.enable()
-
-
-def _instrument_phases(engine) -> dict:
-    """Wrap the engine's host phases (this benchmark process only) to sum their wall
-    time; a name an older checkout lacks is skipped."""
-    from pagedjax import sampler
-
-    totals: dict[str, float] = {}
-    targets = [("schedule", engine.scheduler, "schedule"), ("prepare", engine.runner, "prepare"),
-               ("sampling_tensors", sampler, "build_sampling_tensors"),
-               ("update", engine.scheduler, "update"),
-               ("process", getattr(engine, "processor", None), "process")]
-    for key, obj, name in targets:
-        fn = getattr(obj, name, None) if obj is not None else None
-        if fn is None:
-            continue
-        totals[key] = 0.0
-
-        def timed(*a, _fn=fn, _key=key, **kw):
-            t0 = time.perf_counter()
-            try:
-                return _fn(*a, **kw)
-            finally:
-                totals[_key] += time.perf_counter() - t0
-        setattr(obj, name, timed)
-    return totals
-
-
-class _count_gc:
-    """Collections of the cyclic garbage collector, and their wall time, until stop()."""
-
-    def __init__(self):
-        import gc
-
-        self.count, self.seconds, self._t0, self._gc = 0, 0.0, 0.0, gc
-        gc.callbacks.append(self._cb)
-
-    def _cb(self, phase, _info):
-        if phase == "start":
-            self._t0 = time.perf_counter()
-        else:
-            self.count += 1
-            self.seconds += time.perf_counter() - self._t0
-
-    def stop(self):
-        self._gc.callbacks.remove(self._cb)
-
-
-def _timed_dispatch(runner, fn):
-    def call(*args, **kwargs):
-        t0, c0 = time.perf_counter(), time.thread_time()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            runner.dispatch_seconds += time.perf_counter() - t0
-            runner.dispatch_cpu_seconds += time.thread_time() - c0
-    return call
+            "gc_tracked_allocations_per_step": tracked,
+            # Python bytecodes executed and Python-level calls in one more step (traced):
+            # like the allocations, the same in every process of the same code.
+            "python_bytecodes_per_step": bytecodes, "python_calls_per_step": calls}
 
 
 def combine(runs: list[dict]) -> dict:
@@ -293,6 +229,7 @@ def combine(runs: list[dict]) -> dict:
     out["host_cpu_ms_processes"] = [r["host_cpu_ms_median"] for r in runs]
     out["gc_tracked_allocations_processes"] = [r["gc_tracked_allocations_per_step"]
                                                 for r in runs]
+    out["python_bytecodes_processes"] = [r["python_bytecodes_per_step"] for r in runs]
     return out
 
 
@@ -386,7 +323,9 @@ def main(argv=None) -> int:
                                 + f"; gc {r['gc_ms_per_step']:.2f} "
                                 f"({r['gc_collections_per_step']:.1f} collections, "
                                 f"{r['gc_tracked_allocations_per_step']} tracked "
-                                "objects allocated per step)", flush=True)
+                                "objects allocated per step); Python per step: "
+                                f"{r['python_bytecodes_per_step']:,} bytecodes, "
+                                f"{r['python_calls_per_step']:,} calls", flush=True)
     if ns.part in ("overlap", "both"):
         model = default_gguf()
         runs = {}

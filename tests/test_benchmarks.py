@@ -231,6 +231,9 @@ def test_host_overhead_smoke(smollm2_gguf, tmp_path):
     # every decode step makes at least one output object per row
     assert cell["gc_tracked_allocations_per_step"] >= cell["rows"]
     assert len(cell["gc_tracked_allocations_processes"]) == 2
+    # one traced step: every call runs at least a few bytecodes
+    assert cell["python_bytecodes_per_step"] > 2 * cell["python_calls_per_step"] > 0
+    assert len(cell["python_bytecodes_processes"]) == 2
 
 
 def test_spec_decode_benchmark_smoke(tiny_folder, tmp_path):
