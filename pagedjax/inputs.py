@@ -114,6 +114,9 @@ _token_ids = operator.attrgetter("token_ids")
 _start_pos = operator.attrgetter("start_pos")
 _num_spec = operator.attrgetter("num_spec")
 _last = operator.itemgetter(-1)
+_row_index = operator.attrgetter("row_index")
+_state = operator.attrgetter("state")
+_num_logprobs = operator.attrgetter("num_logprobs")
 
 
 def prepare(buckets: Buckets, rows, sample_rows: Sequence[SampleRow], prompt_lp: dict[str, int],
@@ -183,7 +186,7 @@ def prepare(buckets: Buckets, rows, sample_rows: Sequence[SampleRow], prompt_lp:
         within = np.arange(total_spec) - np.repeat(np.cumsum(nspec) - nspec, nspec)
         logits_index[s:s + total_spec] = (ends - 1 - nspec)[spec_row] + within
     sample_index = np.zeros(r_pad, np.int32)
-    sample_index[:num_sample_rows] = [sr.row_index for sr in sample_rows]
+    sample_index[:num_sample_rows] = list(map(_row_index, sample_rows))
     if prompt_lp:
         for i, r in enumerate(rows):
             if r.request_id in prompt_lp:
@@ -204,8 +207,8 @@ def prepare(buckets: Buckets, rows, sample_rows: Sequence[SampleRow], prompt_lp:
                         logits_index=logits_index,
                         prompt_next_ids=next_ids)
     st = sampler_mod.build_sampling_tensors(
-        [sr.state for sr in sample_rows], r_pad, vocab_size, max_model_len, columns)
-    wanted = [sr.num_logprobs for sr in sample_rows if sr.num_logprobs is not None]
+        list(map(_state, sample_rows)), r_pad, vocab_size, max_model_len, columns)
+    wanted = [n for n in map(_num_logprobs, sample_rows) if n is not None]
     num_logprobs = None
     if wanted:
         num_logprobs = next(b for b in LOGPROB_BUCKETS if b >= max(wanted))

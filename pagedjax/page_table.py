@@ -47,9 +47,9 @@ class PageTables:
         and return their slot indices."""
         if len(rows) > self.capacity:
             raise ValueError(f"{len(rows)} rows exceed the page-table capacity {self.capacity}")
-        out = np.empty(len(rows), np.int64)
+        out: list[int] = []  # (a list, then one array: a numpy store per row costs more)
         keep: set[str] | None = None
-        for i, r in enumerate(rows):
+        for r in rows:
             rid, pages = r.request_id, r.page_ids
             slot = self._slot.get(rid)
             if slot is None:
@@ -68,8 +68,8 @@ class PageTables:
                     self.table[slot] = 0
                     self.table[slot, :len(pages)] = pages
                 self._known[rid] = list(pages)
-            out[i] = slot
-        return out
+            out.append(slot)
+        return np.array(out, np.int64)
 
     def gather(self, rows: Sequence, p: int, s: int) -> np.ndarray:
         """The step's page table int32[s, p] (rows past ``len(rows)`` are 0)."""
