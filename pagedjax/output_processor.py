@@ -22,8 +22,7 @@ import numpy as np
 
 from pagedjax.byte_detokenizer import ByteDetokenizer, byte_table
 from pagedjax.detokenizer import IncrementalDetokenizer, StopChecker, rust_backend
-from pagedjax.outputs import (CompletionOutput, RequestMetrics, RequestOutput, make_logprobs_dict,
-                              metric_values)
+from pagedjax.outputs import CompletionOutput, RequestMetrics, RequestOutput, make_logprobs_dict
 from pagedjax.sampling_params import RequestOutputKind, SamplingParams
 
 
@@ -202,19 +201,20 @@ class OutputProcessor:
                 m.first_token_time = now
             m.last_token_time = now
             seq.token_ids.append(tok)
-            stop = seq.stop  # stop.add(...) without stop strings, inlined
-            stop.text = seq.text = stop.text + seq.detok.add(tok)
+            stop = seq.stop
+            stop.add(seq.detok.add(tok))
+            seq.text = stop.text
             num_plain += 1
             if st.params.output_kind is not cumulative:
                 touched[rid] = st
                 continue
             # _make_output for the one plain sequence, inlined and made here, in the same
             # pass (per row per step; it never finishes here: finishing rows come as
-            # SeqUpdates). The general path measured ~10% slower at 256 rows.
+            # SeqUpdates). The general path measured ~10% slower at 256 rows, BENCHMARKS.md.
             outputs.append(RequestOutput(
                 rid, st.prompt, st.prompt_token_ids, st.prompt_logprobs,
                 [CompletionOutput(0, seq.text, seq.token_ids.copy(), None, None, None, None)],
-                False, RequestMetrics(*metric_values(m)), st.num_cached_tokens))
+                False, m.snapshot(), st.num_cached_tokens))
         self.num_generated_tokens += num_plain
         for up in core.updates:
             st = states.get(up.request_id)

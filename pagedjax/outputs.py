@@ -83,7 +83,7 @@ class RequestMetrics:
 
     def snapshot(self) -> "RequestMetrics":
         """A copy (outputs carry the times as of their step)."""
-        return RequestMetrics(*metric_values(self))
+        return RequestMetrics(*_metric_fields(self))
 
     @property
     def acceptance_rate(self) -> Optional[float]:
@@ -97,9 +97,9 @@ class RequestMetrics:
         return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else None
 
 
-# metric_values(m): every field of a RequestMetrics, in order, read in one C call, so
-# that RequestMetrics(*metric_values(m)) is a snapshot (it runs per request per step).
-metric_values = operator.attrgetter(*(f.name for f in fields(RequestMetrics)))
+# Every field of a RequestMetrics, in order, read in one C call (snapshot runs per
+# request per step).
+_metric_fields = operator.attrgetter(*(f.name for f in fields(RequestMetrics)))
 
 
 @dataclass(slots=True)

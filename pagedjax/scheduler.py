@@ -199,11 +199,9 @@ class Scheduler(UpdateMixin):
                     # The common decode row: one token into a page of its own, nothing
                     # from the pool (this loop runs per row per step, so _reserve's first
                     # case and _make_row are inlined here for it).
-                    k = start - len(prompt)
-                    token = prompt[start] if k < 0 else outs[k] if k < len(outs) else -1
                     samples = 1 if start + 1 >= with_pending else 0
-                    rows[req.request_id] = ScheduledRow(req.request_id, [token], start, table,
-                                                        samples)
+                    rows[req.request_id] = ScheduledRow(req.request_id, [req.token_at(start)],
+                                                        start, table, samples)
                     req.num_computed_tokens = start + 1
                     req.num_pending += samples
                     budget -= 1

@@ -10,8 +10,8 @@ Contract with the engine
   be reused later in the list as a dst (its owner was preempted this step).
   Apply them before the step's K/V writes.
 * sampled[request_id] holds `num_samples` tokens (a list; one token may also be
-  a plain int) for every row with num_samples > 0 (rows with 0 may be omitted).  Rows of requests aborted
-  between schedule() and update() are ignored.
+  a plain int) for every row with num_samples > 0 (rows with 0 may be omitted).
+  Rows of requests aborted between schedule() and update() are ignored.
 * update() must be called once per schedule(), in the same order; at most one
   schedule() may run ahead of its update() (one step in flight).
 * Call fork_request (beam search) after update() and before the next

@@ -41,19 +41,6 @@ class UpdateMixin:
                 continue
             tokens = sampled.get(row.request_id, ())
             if tokens.__class__ is int:  # one token as a plain int
-                if row.num_samples == 1 and not row.num_spec and req.num_pending > 0:
-                    # The common row, on a short path (per row per step): the loop
-                    # below for one member and one token.
-                    req.num_pending -= 1
-                    req.output_token_ids.append(tokens)
-                    was_waiting = req.status is not RUNNING
-                    if req.check_stop(min(req.max_model_len, max_seq_len)):
-                        any_finished = True
-                        if was_waiting:
-                            finished_waiting.append(req)
-                        self._release(req)
-                    changed.append(req)
-                    continue
                 tokens = (tokens,)
             if row.num_spec:
                 self._update_spec(req, row, list(tokens), changed)
