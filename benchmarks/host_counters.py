@@ -38,9 +38,30 @@ def tracked_allocations(engine) -> int:
         gc.enable()
 
 
-def instrument_phases(engine) -> dict:
-    """Wrap the engine's host phases (this benchmark process only) to sum their wall
-    time; a name an older checkout lacks is skipped."""
+class Patches:
+    """The attributes this benchmark replaced (its wrappers), put back by ``undo()``
+    before the counted steps, so that the counts hold the engine's work only."""
+
+    def __init__(self):
+        self._saved: list[tuple] = []
+
+    def set(self, obj, name: str, value) -> None:
+        own = name in getattr(obj, "__dict__", {})
+        self._saved.append((obj, name, own, getattr(obj, name)))
+        setattr(obj, name, value)
+
+    def undo(self) -> None:
+        for obj, name, own, old in reversed(self._saved):
+            if own:
+                setattr(obj, name, old)
+            else:
+                delattr(obj, name)  # the class's attribute shows again
+        self._saved.clear()
+
+
+def instrument_phases(engine, patches: Patches) -> dict:
+    """Wrap the engine's host phases (this benchmark process only, through
+    ``patches``) to sum their wall time; a name an older checkout lacks is skipped."""
     from pagedjax import sampler
 
     totals: dict[str, float] = {}
@@ -60,7 +81,7 @@ def instrument_phases(engine) -> dict:
                 return _fn(*a, **kw)
             finally:
                 totals[_key] += time.perf_counter() - t0
-        setattr(obj, name, timed)
+        patches.set(obj, name, timed)
     return totals
 
 
