@@ -6,12 +6,12 @@ bandwidth (bytes of K/V, scales, q and out that must move, over the median
 time) against the chip's peak, and times JAX's own Pallas GPU paged-attention
 kernel (``jax.experimental.pallas.ops.gpu.paged_attention``) on the same
 decode inputs (layouts converted outside the timed region). Prints a table
-and writes JSON (``benchmarks/results/kernels.json`` or ``--json``).
+and writes JSON (``benchmarks/results/attention_kernels.json`` or ``--json``).
 
 Elsewhere (CPU): a correctness pass of both kernels in interpret mode against
 the reference on small shapes; no speed is measured.
 
-    python benchmarks/kernels.py [--json PATH] [--quick]
+    python benchmarks/attention_kernels.py [--json PATH] [--quick]
 """
 
 from __future__ import annotations
@@ -230,7 +230,7 @@ def cpu_check():
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=os.path.join(os.path.dirname(__file__), "results",
-                                                   "kernels.json"))
+                                                   "attention_kernels.json"))
     ap.add_argument("--quick", action="store_true", help="a smaller GPU grid")
     a = ap.parse_args()
     if jax.default_backend() == "gpu":
