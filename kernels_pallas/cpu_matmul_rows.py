@@ -1,12 +1,15 @@
 """Up to how many rows a step's matmuls run in the C++ kernel, on this machine.
 
 The C++ few-row matmul (``cpu_native.matmul``) beats XLA:CPU's GEMM at 2-32
-rows on a 2-core AMD Zen 3 and loses at every row count on a 2-core Intel
-AVX-512 Xeon (BENCHMARKS.md), so the limit is measured, not assumed: once per
-machine and build, a SmolLM2-shaped ``[rows, 576] @ [576, 1536]`` matmul (a
-few distinct weight matrices, so they come from memory as a model's do) is
-timed with both at 8, 16 and 32 rows, a few milliseconds in all. The limit
-is the largest of those row counts up to which the C++ kernel wins at every
+rows on a 2-core AMD Zen 3, loses at every row count on a 2-core Intel
+AVX-512 Xeon, and on a 2-core AMD EPYC with AVX-512 wins at 1-4 rows and is
+about even at 8-32 (BENCHMARKS.md), so the limit is measured, not assumed:
+once per machine and build, a SmolLM2-shaped ``[rows, 576] @ [576, 1536]``
+matmul (a few distinct weight matrices, so they come from memory as a
+model's do) is timed with both at 1, 2, 4, 8, 16 and 32 rows, a few
+milliseconds in all. (Decode steps of 1, 2 and 4 rows are shape buckets of
+their own: one user's tokens take the one-row program.) The limit is the
+largest of those row counts up to which the C++ kernel wins at every
 measured count by at least ``MARGIN`` (0: never). It is cached beside the
 kernel's build (``<cache>/native/cpu_matmul_<key>.matmul_rows.json``, the
 key of the build: source, compiler, flags, jaxlib, CPU), so every process
@@ -27,9 +30,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 ENV = "PAGEDJAX_NATIVE_MATMUL_ROWS"
-CANDIDATE_ROWS = (8, 16, 32)
+CANDIDATE_ROWS = (1, 2, 4, 8, 16, 32)
 MARGIN = 0.95  # C++ must take under 95% of XLA's time (a tie keeps XLA's path)
-FORMAT = 1     # version of the cache file's contents
+FORMAT = 2     # version of the cache file's contents (2: from one row up)
 
 _lock = threading.Lock()
 _chosen: int | None = None

@@ -27,6 +27,7 @@ pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu",
     ({8: (2.0, 1.0), 16: (1.0, 2.0), 32: (1.0, 2.0)}, 0),     # loses at the smallest: never
     ({8: (0.97, 1.0), 16: (1.0, 2.0)}, 0),                    # within the margin: XLA keeps it
     ({32: (1.0, 2.0), 8: (1.0, 2.0), 16: (1.0, 1.0)}, 8),     # order of the mapping is irrelevant
+    ({1: (1.0, 2.0), 2: (2.0, 1.5), 8: (1.0, 2.0)}, 1),     # one row only (a decode of one user)
     ({}, 0),
 ])
 def test_choice_is_the_largest_count_up_to_which_cpp_always_wins(timings, rows):
@@ -45,7 +46,8 @@ def test_cache_round_trip_and_bad_files(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))
     for bad in ("not json", "[1]", json.dumps({"format": 1, "rows": -1}),
                 json.dumps({"format": 1, "rows": "8"}), json.dumps({"format": 1, "rows": True}),
-                json.dumps({"format": 999, "rows": 8})):
+                json.dumps({"format": 999, "rows": 8}),
+                json.dumps({"format": 1, "rows": 8})):  # measured from 8 rows up: measure again
         path.write_text(bad)
         assert cmr.read_cache(path) is None, bad
 
