@@ -36,10 +36,16 @@ tokens only (same tokenizer, same host work per token), so its device step
 is small: a closer stand-in for the host time on an accelerator. Both are
 reported; neither replaces the other.
 
-Part 2 (overlap): the real SmolLM2 (device step longer than the host work)
-at R decode rows, steps per second with ``async_scheduling`` on and off, in
-separate fresh processes, and the device's idle time per step estimated as
-(wall time per step) - (device time per step of the serial run).
+Part 2 (overlap): steps per second with ``async_scheduling`` on and off, each
+run a fresh process, ``--processes`` pairs alternating which goes first, and
+the device's idle time per step estimated as (wall time per step) - (device
+time per step of the serial run). Two set-ups: the real SmolLM2 at
+``--overlap-rows`` rows on the shared cores (on CPU the host and the "device"
+share two cores, so the overlap can only move work from one to the other),
+and the tiny 1,024-token model at 256 rows with the device on a core of its
+own (XLA on one thread, every thread but the engine's pinned to core 1, the
+engine's thread to core 0): an accelerator's split between host and device,
+with a device step longer than the host work.
 
 The script runs on older checkouts too (``PYTHONPATH=<old checkout>``): it only
 uses ``LLM``, ``SamplingParams`` and ``engine.step()``.
@@ -62,6 +68,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -129,9 +136,25 @@ def _engine_kwargs(**kw):
     return {k: v for k, v in kw.items() if k in fields}  # older checkouts lack some
 
 
+SPLIT_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+
+
+def split_cores() -> None:
+    """The calling (engine) thread on core 0, every other thread of the process (XLA's)
+    on the other cores: the device gets cores of its own, as an accelerator would."""
+    me = threading.get_native_id()
+    others = set(range(1, os.cpu_count() or 2))
+    os.sched_setaffinity(0, {0})  # 0: the calling thread
+    for tid in os.listdir("/proc/self/task"):
+        if int(tid) != me:
+            os.sched_setaffinity(int(tid), others)
+
+
 def measure(model: str, rows: int, context: int, steps: int, async_scheduling: bool,
-            vocab: int = VOCAB) -> dict:
-    """Decode ``steps`` steps of ``rows`` requests with ``context``-token prompts."""
+            vocab: int = VOCAB, split: bool = False) -> dict:
+    """Decode ``steps`` steps of ``rows`` requests with ``context``-token prompts
+    (``split``: the device on cores of its own, see ``split_cores``; the child's
+    XLA_FLAGS then hold SPLIT_XLA_FLAGS)."""
     import jax
 
     from pagedjax import LLM, SamplingParams
@@ -166,6 +189,8 @@ def measure(model: str, rows: int, context: int, steps: int, async_scheduling: b
         if engine.scheduler.num_waiting == 0 and all(
                 len(r.output_token_ids) >= 3 for r in engine.scheduler.running):
             break
+    if split:
+        split_cores()
     for _ in range(3):
         engine.step()
     walls, blocks, disp, cpus = [], [], [], []
@@ -199,6 +224,7 @@ def measure(model: str, rows: int, context: int, steps: int, async_scheduling: b
     walls, blocks, disp = np.asarray(walls), np.asarray(blocks), np.asarray(disp)
     host = walls - blocks - disp
     return {"rows": rows, "context": context, "steps": steps, "async": async_scheduling,
+            "split": split, "engine_thread_cores": sorted(os.sched_getaffinity(0)),
             "host_ms_median": 1000 * float(np.median(host)),
             "host_ms_p90": 1000 * float(np.percentile(host, 90)),
             "host_cpu_ms_median": 1000 * float(np.median(cpus)),
@@ -246,6 +272,8 @@ def run_child(spec: dict, code: str = ROOT) -> dict:
     the pagedjax of checkout ``code``."""
     env = dict(os.environ)
     env["PYTHONPATH"] = code
+    if spec.get("split"):
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + SPLIT_XLA_FLAGS).strip()
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
                           capture_output=True, text=True, env=env, timeout=3600)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -331,19 +359,28 @@ def main(argv=None) -> int:
                                 f"{r['python_bytecodes_per_step']:,} bytecodes, "
                                 f"{r['python_calls_per_step']:,} calls", flush=True)
     if ns.part in ("overlap", "both"):
-        model = default_gguf()
-        runs = {}
-        for flag in (False, True):
-            runs[flag] = run_child(dict(model=model, rows=ns.overlap_rows, context=128,
-                                        steps=ns.steps, async_scheduling=flag))
-        device = runs[False]["device_wait_ms_median"]
-        print(f"\nSmolLM2, {ns.overlap_rows} decode rows: steps/s serial "
-              f"{runs[False]['steps_per_s']:.2f}, overlapped {runs[True]['steps_per_s']:.2f} "
-              f"({runs[True]['steps_per_s'] / runs[False]['steps_per_s']:.2f}x); host work per "
-              f"step {runs[False]['host_ms_median']:.1f} ms, device step {device:.1f} ms; device "
-              f"idle per step: serial {runs[False]['step_ms_median'] - device:.1f} ms, "
-              f"overlapped {max(0.0, runs[True]['step_ms_median'] - device):.1f} ms")
-        result["overlap"] = [runs[False], runs[True]]
+        with tempfile.TemporaryDirectory() as tmp:
+            tiny = tiny_folder(os.path.join(tmp, "tiny"), 1024)
+            setups = [(f"SmolLM2, {ns.overlap_rows} rows, shared cores",
+                       dict(model=default_gguf(), rows=ns.overlap_rows, context=128)),
+                      ("tiny 1k-vocabulary model, 256 rows, device on its own core",
+                       dict(model=tiny, rows=256, context=256, vocab=1024, split=True))]
+            for name, spec in setups:
+                runs = {False: [], True: []}
+                for k in range(ns.processes):  # pairs, alternating which runs first
+                    for flag in ((False, True) if k % 2 == 0 else (True, False)):
+                        runs[flag].append(run_child(dict(spec, steps=ns.steps,
+                                                         async_scheduling=flag)))
+                serial, over = combine(runs[False]), combine(runs[True])
+                device = serial["device_wait_ms_median"] + serial["dispatch_ms_median"]
+                print(f"\n{name}: steps/s serial {serial['steps_per_s']:.2f}, overlapped "
+                      f"{over['steps_per_s']:.2f} ({over['steps_per_s'] / serial['steps_per_s']:.2f}x;"
+                      f" medians of {ns.processes} processes each); host work per step "
+                      f"{serial['host_ms_median']:.2f} ms, device step {device:.2f} ms; device "
+                      f"idle per step: serial {serial['step_ms_median'] - device:.2f} ms, "
+                      f"overlapped {max(0.0, over['step_ms_median'] - device):.2f} ms", flush=True)
+                result["overlap"].append({"setup": name, "serial": serial, "overlapped": over,
+                                          "speedup": over["steps_per_s"] / serial["steps_per_s"]})
     os.makedirs(os.path.dirname(ns.out), exist_ok=True)
     with open(ns.out, "w") as f:
         json.dump(result, f, indent=1)

@@ -236,6 +236,20 @@ def test_host_overhead_smoke(smollm2_gguf, tmp_path):
     assert len(cell["python_bytecodes_processes"]) == 2
 
 
+def test_host_overhead_split_cores_child(tmp_path):
+    """The overlap part's accelerator stand-in: a child whose engine thread runs on core 0
+    and XLA on one thread elsewhere, with overlap on (a tiny 1k-vocabulary model)."""
+    from benchmarks import host_overhead
+
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("needs two cores to give the device one of its own")
+    folder = host_overhead.tiny_folder(str(tmp_path / "tiny"), 1024)
+    r = host_overhead.run_child(dict(model=folder, rows=4, context=20, steps=3, vocab=1024,
+                                     async_scheduling=True, split=True))
+    assert r["split"] is True and r["async"] is True and r["engine_thread_cores"] == [0]
+    assert r["steps_per_s"] > 0 and r["step_ms_median"] > 0
+
+
 def test_spec_decode_benchmark_smoke(tiny_folder, tmp_path):
     """benchmarks/spec_decode.py on one tiny cell per method, each in a fresh process;
     the draft is the tiny model's first layer written to a temporary HF folder."""
