@@ -2,19 +2,23 @@
 
 The C++ few-row matmul (``cpu_native.matmul``) beats XLA:CPU's GEMM at 2-32
 rows on a 2-core AMD Zen 3, loses at every row count on a 2-core Intel
-AVX-512 Xeon, and on a 2-core AMD EPYC with AVX-512 wins at 1-4 rows and is
-about even at 8-32 (BENCHMARKS.md), so the limit is measured, not assumed:
-once per machine and build, a SmolLM2-shaped ``[rows, 576] @ [576, 1536]``
-matmul (a few distinct weight matrices, so they come from memory as a
-model's do) is timed with both at 1, 2, 4, 8, 16 and 32 rows, a few
-milliseconds in all. (Decode steps of 1, 2 and 4 rows are shape buckets of
-their own: one user's tokens take the one-row program.) The limit is the
-largest of those row counts up to which the C++ kernel wins at every
-measured count by at least ``MARGIN`` (0: never). It is cached beside the
-kernel's build (``<cache>/native/cpu_matmul_<key>.matmul_rows.json``, the
-key of the build: source, compiler, flags, jaxlib, CPU), so every process
-on the machine uses the same limit, and within a process it is decided once:
-an engine's execution plan, and so its compiled programs, depend only on it.
+AVX-512 Xeon, and on a 2-core AMD EPYC with AVX-512 ties at 1 row, wins at
+2-8 and loses at 16-32 (BENCHMARKS.md), so the limit is measured, not
+assumed: once per machine and build, a SmolLM2-shaped
+``[rows, 576] @ [576, 1536]`` matmul is timed with both at 1, 2, 4, 8, 16 and
+32 rows, about two seconds in all. It runs over 32 distinct weight matrices
+(113 MB, more than a last-level cache holds), so that they come from memory
+as a model's do; over 4 (14 MB, cached) the choice flipped between runs on
+that EPYC (1, 4 or 16 rows), over 32 it gave 8 every time, the count a whole
+model's 30 layers favour. (Decode steps of 1, 2 and 4 rows are shape
+buckets of their own: one user's tokens take the one-row program.) The
+limit is the largest of those row counts at which the C++ kernel wins by
+``MARGIN``, with no loss beyond that margin at a smaller count (0: never).
+It is cached beside the kernel's build
+(``<cache>/native/cpu_matmul_<key>.matmul_rows.json``, the key of the build:
+source, compiler, flags, jaxlib, CPU), so every process on the machine uses
+the same limit, and within a process it is decided once: an engine's
+execution plan, and so its compiled programs, depend only on it.
 
 ``PAGEDJAX_NATIVE_MATMUL_ROWS=<n>`` sets the limit instead (0 turns the C++
 matmul off).
@@ -32,28 +36,31 @@ from pathlib import Path
 ENV = "PAGEDJAX_NATIVE_MATMUL_ROWS"
 CANDIDATE_ROWS = (1, 2, 4, 8, 16, 32)
 MARGIN = 0.95  # C++ must take under 95% of XLA's time (a tie keeps XLA's path)
-FORMAT = 2     # version of the cache file's contents (2: from one row up)
+FORMAT = 3     # version of the cache file's contents (3: from one row up, 32 weights)
 
 _lock = threading.Lock()
 _chosen: int | None = None
 
 
 def choose_rows(timings: Mapping[int, tuple[float, float]], margin: float = MARGIN) -> int:
-    """The largest row count r such that C++ beat XLA at every measured count <= r.
+    """The largest row count r at which C++ beat XLA by the margin, with C++ no slower
+    than XLA beyond the margin at every measured count below r.
 
-    ``timings`` maps rows -> (C++ seconds, XLA seconds); 0 when C++ loses at the
-    smallest count (steps of up to r rows all use the C++ kernel, so a loss
-    below r would cost those steps)."""
+    ``timings`` maps rows -> (C++ seconds, XLA seconds); 0 when C++ never wins, or
+    loses before it wins (steps of up to r rows all use the C++ kernel, so a loss
+    below r would cost those steps; a tie costs nothing: one row reads its weights
+    at the memory bandwidth on either path)."""
     rows = 0
     for r in sorted(timings):
         cpp, xla = timings[r]
-        if not cpp < margin * xla:
+        if cpp < margin * xla:
+            rows = r
+        elif cpp * margin > xla:  # slower beyond the margin: stop here
             break
-        rows = r
     return rows
 
 
-def measure(rows=CANDIDATE_ROWS, reps: int = 10, n_weights: int = 4, k: int = 576,
+def measure(rows=CANDIDATE_ROWS, reps: int = 10, n_weights: int = 32, k: int = 576,
             n: int = 1536) -> dict[int, tuple[float, float]]:
     """rows -> (C++ s, XLA s): the best of ``reps`` jitted calls that each multiply
     ``x [rows, k]`` by ``n_weights`` distinct ``[k, n]`` matrices; C++ and XLA alternate."""

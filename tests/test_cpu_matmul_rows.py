@@ -25,12 +25,14 @@ pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu",
     ({8: (1.0, 2.0), 16: (2.0, 3.0), 32: (3.0, 4.0)}, 32),    # C++ wins everywhere
     ({8: (1.0, 2.0), 16: (3.0, 2.0), 32: (3.0, 4.0)}, 8),     # loses at 16: stop there
     ({8: (2.0, 1.0), 16: (1.0, 2.0), 32: (1.0, 2.0)}, 0),     # loses at the smallest: never
-    ({8: (0.97, 1.0), 16: (1.0, 2.0)}, 0),                    # within the margin: XLA keeps it
-    ({32: (1.0, 2.0), 8: (1.0, 2.0), 16: (1.0, 1.0)}, 8),     # order of the mapping is irrelevant
-    ({1: (1.0, 2.0), 2: (2.0, 1.5), 8: (1.0, 2.0)}, 1),     # one row only (a decode of one user)
+    ({8: (0.97, 1.0)}, 0),                                    # a tie alone: XLA keeps it
+    ({1: (1.0, 1.02), 2: (1.0, 2.0), 16: (3.0, 2.0)}, 2),     # a tie below a win: no loss
+    ({1: (1.1, 1.0), 2: (1.0, 2.0)}, 0),                      # slower beyond the margin first
+    ({32: (1.0, 2.0), 8: (1.0, 2.0), 16: (2.0, 1.5)}, 8),     # order of the mapping is irrelevant
+    ({1: (1.0, 2.0), 2: (2.0, 1.5), 8: (1.0, 2.0)}, 1),       # one row only (a decode of one user)
     ({}, 0),
 ])
-def test_choice_is_the_largest_count_up_to_which_cpp_always_wins(timings, rows):
+def test_choice_is_the_largest_winning_count_with_no_loss_below(timings, rows):
     assert cmr.choose_rows(timings) == rows
 
 
@@ -47,7 +49,8 @@ def test_cache_round_trip_and_bad_files(tmp_path):
     for bad in ("not json", "[1]", json.dumps({"format": 1, "rows": -1}),
                 json.dumps({"format": 1, "rows": "8"}), json.dumps({"format": 1, "rows": True}),
                 json.dumps({"format": 999, "rows": 8}),
-                json.dumps({"format": 1, "rows": 8})):  # measured from 8 rows up: measure again
+                json.dumps({"format": 1, "rows": 8}),  # measured from 8 rows up: measure again
+                json.dumps({"format": 2, "rows": 4})):  # over 4 cached weights: again
         path.write_text(bad)
         assert cmr.read_cache(path) is None, bad
 
