@@ -70,6 +70,13 @@ class EngineCore:
         self._root: dict[str, tuple[str, int]] = {}  # seq id -> (request id, sample index)
         self._inflight: _InFlight | None = None
         self._topk: dict[str, dict[int, float]] = {}  # beam sequences: latest top-k
+        # Steady rows: seq id -> the SampleRow of a sequence whose next decode row needs
+        # nothing but its row index and placeholder count (one sample, no grammar, no
+        # prompt logprobs, reported to the processor); _launch's short path.
+        self._steady: dict[str, SampleRow] = {}
+        # Sequences of plain requests (RequestSampling.plain: one sample, so the
+        # sequence id is the request id): their tokens go out as CoreOutput's columns.
+        self._plain: set[str] = set()
         # The rows of the steps being worked on (step_request_ids, after a failure), and
         # the sequences forgotten since this step began (seq id -> request id).
         self._recent: list[list] = []
@@ -98,6 +105,8 @@ class EngineCore:
         self._sampling[req.request_id] = s
         self._num_serial += s.serial
         self._join(req.request_id, req.request_id, 0)
+        if s.plain:
+            self._plain.add(req.request_id)
 
     def finish_sequences(self, seq_ids: Sequence[str], reason: str = "abort",
                          stop_reason: Any = None) -> None:
@@ -121,6 +130,8 @@ class EngineCore:
     def _forget_seq(self, sid: str) -> None:
         """Sequence ``sid`` is gone; so is its request once no sequence is left."""
         self._topk.pop(sid, None)
+        self._steady.pop(sid, None)
+        self._plain.discard(sid)
         ref = self._root.pop(sid, None)
         if ref is not None:
             self._forgotten[sid] = ref[0]
@@ -241,11 +252,20 @@ class EngineCore:
         lora_slots = [] if self.lora_slot is not None else None
         get_request, root, sampling = self.scheduler.requests.get, self._root, self._sampling
         first_scheduled, cached = out.first_scheduled, out.num_cached_tokens
+        steady = self._steady
         for i, row in enumerate(sched.rows):
             sid = row.request_id
             req = get_request(sid)
             if lora_slots is not None:
                 lora_slots.append(self.lora_slot(req.lora_int_id))
+            sr = steady.get(sid)
+            if (sr is not None and row.num_samples == 1  # the common row, on a short path
+                    and sr.state.output_token_ids is req.output_token_ids):
+                sr.row_index = i
+                sr.state.num_placeholders = req.num_pending - 1
+                token_src[sid] = len(first)
+                first.append(sr)
+                continue
             rid, idx = root[sid]
             s = sampling[rid]
             if not s.reported_scheduled:  # told once: the processor keeps the first time
@@ -270,6 +290,8 @@ class EngineCore:
                                s.params[0].logprobs)
                 if not fork and s.grammar is None:
                     s.rows[sid] = sr
+                    if s.prompt_logprobs is None:  # (reported above: steady from now on)
+                        steady[sid] = sr
             # Each row's first sample comes first, so a row's index in this step's
             # sampled tokens is < max_num_seqs (the next step's placeholder source).
             token_src[sid] = len(first)
@@ -346,10 +368,14 @@ class EngineCore:
                     self._join(req.request_id, self._root[req.parent_id][0], req.sample_index)
         if spec is None:
             logprob, rank = res.logprob.tolist(), res.rank.tolist()
-        root_of, sampling = self._root, self._sampling
+        root_of, sampling, plain = self._root, self._sampling, self._plain
         plain_ids, plain_tokens = out.plain_request_ids, out.plain_token_ids
         for req in changed:
             sid = req.request_id
+            if sid in plain and spec is None and req.finish_reason is None and sid in first_of:
+                plain_ids.append(sid)  # the common row: two columns, no SeqUpdate
+                plain_tokens.append(sampled[sid])
+                continue
             j = first_of.get(sid)
             if j is None:
                 j = extra_of.get((req.parent_id, req.sample_index))
@@ -358,10 +384,6 @@ class EngineCore:
                 continue
             rid, idx = root
             s = sampling.get(rid)
-            if s is not None and s.plain and spec is None and req.finish_reason is None:
-                plain_ids.append(rid)  # the common row: two columns, no SeqUpdate
-                plain_tokens.append(ids[j])
-                continue
             if s is not None and s.grammar is not None and not req.is_finished:
                 self._advance_grammar(s.grammar, req)
             if spec is not None:

@@ -6,11 +6,15 @@ O(rows x pages) Python work (128 pages per row at a 2,048-token context). Most
 steps change little: a decode row gains one page every ``page_size`` tokens.
 
 :class:`PageTables` keeps one row per live sequence in a host array (a *slot*)
-and, each step, writes only what changed: the new pages at the end of a row's
-list, or the whole row when its list changed in place (copy-on-write,
-preemption, a rolled-back speculation). The step's table is then one gather
-``table[slots, :P]``. The rows it returns equal the page lists it was given,
-zero-padded (``tests/test_runner.py`` checks it against the row-by-row build).
+and, each step, writes only what changed. It relies on the scheduler's contract
+for page lists (``scheduler_output.py``): a request's list only ever grows in
+place; copy-on-write, a rolled-back speculation and preemption give the request
+a new list. So a row whose list is the same object with the same length as last
+time is unchanged (one identity check, no compare of its pages); the same
+object, longer, gained pages at its end; another object is written whole. The
+step's table is then one gather ``table[slots, :P]``. The rows it returns equal
+the page lists it was given, zero-padded (``tests/test_runner.py`` checks it
+against the row-by-row build).
 """
 
 from __future__ import annotations
@@ -27,20 +31,17 @@ class PageTables:
         self.width = width  # most pages a row can hold
         self.capacity = capacity
         self.table = np.zeros((capacity, width), np.int32)
-        self._slot: dict[str, int] = {}  # sequence id -> slot
-        self._known: dict[str, list[int]] = {}  # sequence id -> the pages in its slot
+        # sequence id -> [slot, the page list last written there, its length then]
+        self._known: dict[str, list] = {}
         self._free = list(range(capacity - 1, -1, -1))
 
-    def _assign(self, rid: str, keep: set[str]) -> int:
+    def _assign(self, rid: str, keep: set[str]) -> list:
         if not self._free:  # drop the slots of sequences that are not in this step
-            for old in [r for r in self._slot if r not in keep]:
-                self._free.append(self._slot.pop(old))
-                del self._known[old]
+            for old in [r for r in self._known if r not in keep]:
+                self._free.append(self._known.pop(old)[0])
         slot = self._free.pop()
-        self._slot[rid] = slot
-        self._known[rid] = []
-        self.table[slot] = 0
-        return slot
+        known = self._known[rid] = [slot, None, 0]
+        return known
 
     def slots(self, rows: Sequence) -> np.ndarray:
         """Update the slots of ``rows`` (objects with ``request_id`` and ``page_ids``)
@@ -49,25 +50,27 @@ class PageTables:
             raise ValueError(f"{len(rows)} rows exceed the page-table capacity {self.capacity}")
         out: list[int] = []  # (a list, then one array: a numpy store per row costs more)
         keep: set[str] | None = None
+        get = self._known.get
         for r in rows:
-            rid, pages = r.request_id, r.page_ids
-            slot = self._slot.get(rid)
-            if slot is None:
+            pages = r.page_ids
+            known = get(r.request_id)
+            if known is not None and known[1] is pages and known[2] == len(pages):
+                out.append(known[0])  # the common row: unchanged since the last step
+                continue
+            if known is None:
                 if keep is None:
                     keep = {x.request_id for x in rows}
-                slot = self._assign(rid, keep)
-            known = self._known[rid]
-            if pages != known:  # lengths differ (a new page) or a page changed in place
-                n = len(known)
-                if len(pages) > self.width:
-                    raise ValueError(f"sequence {rid!r} has {len(pages)} pages, more than the "
-                                     f"page-table width {self.width}")
-                if len(pages) > n and pages[:n] == known:  # grown at the end
-                    self.table[slot, n:len(pages)] = pages[n:]
-                else:  # copy-on-write, preemption or a rollback: rewrite the row
-                    self.table[slot] = 0
-                    self.table[slot, :len(pages)] = pages
-                self._known[rid] = list(pages)
+                known = self._assign(r.request_id, keep)
+            slot, n = known[0], len(pages)
+            if n > self.width:
+                raise ValueError(f"sequence {r.request_id!r} has {n} pages, more than the "
+                                 f"page-table width {self.width}")
+            if known[1] is pages and n > known[2]:  # grown at the end (the only in-place edit)
+                self.table[slot, known[2]:n] = pages[known[2]:]
+            else:  # a new list: copy-on-write, preemption, a rollback, or a new sequence
+                self.table[slot] = 0
+                self.table[slot, :n] = pages
+            known[1], known[2] = pages, n
             out.append(slot)
         return np.array(out, np.int64)
 
@@ -75,5 +78,5 @@ class PageTables:
         """The step's page table int32[s, p] (rows past ``len(rows)`` are 0)."""
         table = np.zeros((s, p), np.int32)
         if rows:
-            table[:len(rows)] = self.table[self.slots(rows), :p]
+            np.take(self.table[:, :p], self.slots(rows), axis=0, out=table[:len(rows)])
         return table

@@ -47,6 +47,7 @@ finish(status, stop_reason), fork(new_id, sample_index) (no pages).
 from __future__ import annotations
 
 import enum
+import sys
 import time
 from typing import Any
 
@@ -100,7 +101,8 @@ class Request:
                  "output_token_ids", "num_computed_tokens", "status", "page_ids",
                  "finish_reason", "stop_reason", "num_preemptions", "num_cached_tokens",
                  "parent_id", "sample_index", "block_hashes", "num_registered_pages",
-                 "first_scheduled", "num_pending", "spec_token_ids", "waiting_seq")
+                 "first_scheduled", "num_pending", "spec_token_ids", "waiting_seq",
+                 "max_num_tokens", "_finishers")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: Any,
                  eos_token_ids: tuple[int, ...] = (), arrival_time: float | None = None,
@@ -122,6 +124,13 @@ class Request:
             _param(sampling_params, "stop_token_ids", None) or ())
         self.ignore_eos: bool = bool(_param(sampling_params, "ignore_eos", False))
         self.n: int = _param(sampling_params, "n", 1)
+        # Tokens (prompt + outputs) at which it finishes with 'length': max_tokens here;
+        # the scheduler lowers it to its length cap when the request is added.
+        self.max_num_tokens: int = (len(self.prompt_token_ids) + self.max_tokens
+                                    if self.max_tokens is not None else sys.maxsize)
+        # The token ids that may stop it (checked per step: one set lookup first).
+        self._finishers = self.stop_token_ids | (
+            frozenset() if self.ignore_eos else frozenset(self.eos_token_ids))
 
         self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0
@@ -201,25 +210,26 @@ class Request:
         self.finish_reason = status.finish_reason
         self.stop_reason = stop_reason
 
-    def check_stop(self, max_len: int) -> bool:
+    def check_stop(self, max_len: int | None = None) -> bool:
         """Apply the stop rules to the newest output token; finish if one fires.
 
-        Stop tokens ('stop') win over length limits ('length'). `max_len` is
-        the length cap in tokens (prompt + outputs), normally max_model_len.
+        Stop tokens ('stop') win over length limits ('length'): ``max_num_tokens``
+        (max_tokens and, once a scheduler added it, the length cap) and ``max_len``,
+        a further cap in tokens (prompt + outputs) if given. Runs per row per step.
         """
-        n_out = len(self.output_token_ids)
+        out = self.output_token_ids
+        n_out = len(out)
         if n_out == 0:
             return False
-        last = self.output_token_ids[-1]
-        if n_out > self.min_tokens:
+        last = out[-1]
+        if last in self._finishers and n_out > self.min_tokens:
             if not self.ignore_eos and last in self.eos_token_ids:
                 self.finish(RequestStatus.FINISHED_STOPPED)
-                return True
-            if last in self.stop_token_ids:
+            else:
                 self.finish(RequestStatus.FINISHED_STOPPED, stop_reason=last)
-                return True
-        if len(self.prompt_token_ids) + n_out >= max_len or (  # num_tokens (per row per step)
-                self.max_tokens is not None and n_out >= self.max_tokens):
+            return True
+        n = len(self.prompt_token_ids) + n_out  # num_tokens
+        if n >= self.max_num_tokens or (max_len is not None and n >= max_len):
             self.finish(RequestStatus.FINISHED_LENGTH)
             return True
         return False
@@ -241,6 +251,7 @@ class Request:
         child.first_scheduled = self.first_scheduled
         child.parent_id = self.request_id
         child.sample_index = sample_index
+        child.max_num_tokens = self.max_num_tokens
         return child
 
     def __repr__(self) -> str:

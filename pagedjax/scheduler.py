@@ -110,6 +110,7 @@ class Scheduler(UpdateMixin):
         if req.max_tokens is not None and req.max_tokens < 1:
             raise ValueError(f"request {rid!r}: max_tokens must be >= 1, got {req.max_tokens}")
         req.max_model_len = min(req.max_model_len or self.max_model_len, self.max_model_len)
+        req.max_num_tokens = min(req.max_num_tokens, req.max_model_len, self.max_seq_len)
         req.status = RequestStatus.WAITING
         self.requests[rid] = req
         self.waiting.push(req)
@@ -179,34 +180,35 @@ class Scheduler(UpdateMixin):
         i = 0
         while i < len(running) and budget > 0 and len(rows) < max_rows:
             req = running[i]
-            prompt, outs = req.prompt_token_ids, req.output_token_ids
-            with_pending = len(prompt) + len(outs) + req.num_pending  # num_tokens_with_pending
+            prompt, outs, pending = req.prompt_token_ids, req.output_token_ids, req.num_pending
+            with_pending = len(prompt) + len(outs) + pending  # num_tokens_with_pending
             start = req.num_computed_tokens
-            spec = req.spec_token_ids
-            num_new = min(with_pending + len(spec) - start, budget)
             # A request whose placeholders already reach the length cap or max_tokens
             # finishes when they land: it gets no more rows.
-            if num_new <= 0 or (req.num_pending and (
-                    with_pending >= min(req.max_model_len or self.max_model_len, self.max_seq_len)
-                    or (req.max_tokens is not None
-                        and with_pending - len(prompt) >= req.max_tokens))):
+            if pending and with_pending >= req.max_num_tokens:
                 i += 1
                 continue
-            table = req.page_ids
-            if num_new == 1 and not spec and req.n == 1:
+            spec = req.spec_token_ids
+            if with_pending - start == 1 and not spec and req.n == 1:
+                table = req.page_ids
                 j = start // ps
                 if j < len(table) and refs[table[j]] <= 1:
-                    # The common decode row: one token into a page of its own, nothing
-                    # from the pool (this loop runs per row per step, so _reserve's first
-                    # case and _make_row are inlined here for it).
-                    samples = 1 if start + 1 >= with_pending else 0
-                    rows[req.request_id] = ScheduledRow(req.request_id, [req.token_at(start)],
-                                                        start, table, samples)
+                    # The common decode row: its last token (a placeholder while one is
+                    # in flight) into a page of its own, nothing from the pool (this loop
+                    # runs per row per step: _reserve's first case, _make_row and
+                    # Request.token_at are inlined here for it).
+                    rows[req.request_id] = ScheduledRow(
+                        req.request_id, [-1 if pending else outs[-1] if outs else prompt[-1]],
+                        start, table, 1)
                     req.num_computed_tokens = start + 1
-                    req.num_pending += samples
+                    req.num_pending = pending + 1
                     budget -= 1
                     i += 1
                     continue
+            num_new = min(with_pending + len(spec) - start, budget)
+            if num_new <= 0:
+                i += 1
+                continue
             cow = self._reserve(req, num_new)
             while cow is None:
                 victim = self._pick_victim()
@@ -293,6 +295,8 @@ class Scheduler(UpdateMixin):
         if need + len(shared) > pool.num_allocatable:
             return None
         cow = []
+        if shared:  # an in-place edit: the request gets a new list (scheduler_output.py)
+            table = req.page_ids = list(table)
         for j in shared:
             dst, src = pool.make_writable(table, j)
             cow.append((src, dst))

@@ -3,7 +3,10 @@
 Contract with the engine
 * ScheduledRow.page_ids is the request's own page list (not a copy: copying it
   per row per step was measurable), covering the row. Read it before the next
-  schedule(), which may extend it or replace a page in it (copy-on-write).
+  schedule(), which may extend it. A list only ever grows in place: anything
+  else (copy-on-write, a rolled-back speculation, preemption, a fork) gives the
+  request a new list, so a reader that kept a list and its length knows it is
+  unchanged when both match (``page_table.PageTables`` relies on this).
 * page_copies (src, dst) have distinct dst pages, and no src is the dst of
   an EARLIER copy, so applying them in order and applying them all at once
   (`kv.at[:, dst].set(kv[:, src])`, gather before scatter) agree.  A src may

@@ -27,7 +27,6 @@ class UpdateMixin:
         changed: list[Request] = []
         finished_waiting = []
         requests, caching, page_size = self.requests, self.enable_prefix_caching, self.page_size
-        max_seq_len = self.max_seq_len
         RUNNING = RequestStatus.RUNNING
         any_finished = False
         for row in output.rows:
@@ -37,31 +36,33 @@ class UpdateMixin:
             if caching and req.num_computed_tokens >= (req.num_registered_pages + 1) * page_size \
                     and req.status is RUNNING:
                 self._register(req)  # (only when a page may have filled up)
-            if row.num_samples == 0:
+            num_samples = row.num_samples
+            if num_samples == 0:
                 continue
             tokens = sampled.get(row.request_id, ())
-            if tokens.__class__ is int:  # one token as a plain int
-                tokens = (tokens,)
             if row.num_spec:
-                self._update_spec(req, row, list(tokens), changed)
+                self._update_spec(req, row, [tokens] if tokens.__class__ is int else list(tokens),
+                                  changed)
                 any_finished = True  # cheap to re-check below
                 continue
-            if not 1 <= len(tokens) <= row.num_samples:
-                raise ValueError(f"request {row.request_id!r}: expected {row.num_samples} "
-                                 f"sampled token(s), got {len(tokens)}")
             if req.num_pending < 1:
                 raise ValueError(f"request {row.request_id!r}: update() without a placeholder; "
                                  "call update() once per schedule(), in order")
-            req.num_pending -= 1
-            if len(tokens) == 1:
+            if tokens.__class__ is int:  # one token as a plain int (the common row)
+                family, tokens = (req,), (tokens,)
+            elif not 1 <= len(tokens) <= num_samples:
+                raise ValueError(f"request {row.request_id!r}: expected {num_samples} "
+                                 f"sampled token(s), got {len(tokens)}")
+            elif len(tokens) == 1:
                 family = (req,)
             else:
                 end = row.start_pos + len(row.token_ids)
                 family = [req] + self._fork_children(req, len(tokens) - 1, end)
+            req.num_pending -= 1
             for member, token in zip(family, tokens):
                 member.output_token_ids.append(int(token))
                 was_waiting = member.status is not RUNNING
-                if member.check_stop(min(member.max_model_len, max_seq_len)):
+                if member.check_stop():
                     any_finished = True
                     if was_waiting:
                         finished_waiting.append(member)
@@ -88,14 +89,14 @@ class UpdateMixin:
         req.num_computed_tokens -= row.num_spec + 1 - len(tokens)
         for token in tokens:
             req.append_output_token(token)
-            if req.check_stop(min(req.max_model_len, self.max_seq_len)):
+            if req.check_stop():
                 self._release(req)
                 break
         else:
             keep = _cdiv(req.num_computed_tokens, self.page_size)
             if len(req.page_ids) > keep:
                 self.pool.free(req.page_ids[keep:])
-                del req.page_ids[keep:]
+                req.page_ids = req.page_ids[:keep]  # a new list (scheduler_output.py)
         changed.append(req)
 
     def _register(self, req: Request) -> None:

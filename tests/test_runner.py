@@ -155,10 +155,14 @@ def test_prepare_matches_row_by_row_reference(seed):
     assert int(batch.meta.num_seqs) == len(rows)
 
 
+@pytest.mark.parametrize("shared_lists", [False, True])
 @pytest.mark.parametrize("seed", range(3))
-def test_page_tables_kept_between_steps_match_the_rows(seed):
+def test_page_tables_kept_between_steps_match_the_rows(seed, shared_lists):
     """Over many steps of growing, copied-on-write, shrinking, new and departing
-    sequences (more than the slots hold), the kept page table equals the rows'."""
+    sequences (more than the slots hold), the kept page table equals the rows'.
+    ``shared_lists``: the rows hold the sequences' own lists, as the scheduler's
+    do, edited under its contract (grown in place, any other edit a new list);
+    else each step's rows hold fresh copies."""
     from pagedjax.page_table import PageTables
     from pagedjax.scheduler import ScheduledRow
 
@@ -172,6 +176,8 @@ def test_page_tables_kept_between_steps_match_the_rows(seed):
             counter += 1
         for rid in list(live):
             pages, u = live[rid], rng.random()
+            if shared_lists and 0.15 <= u < 0.23:
+                pages = live[rid] = list(pages)  # the edits below give a new list
             if u < 0.15 and len(pages) < 16:
                 pages.append(rng.randint(1, 99))  # a new page
             elif u < 0.2:
@@ -183,7 +189,8 @@ def test_page_tables_kept_between_steps_match_the_rows(seed):
             elif u < 0.3:
                 del live[rid]  # finished
         ids = [r for r in live if rng.random() < 0.8]
-        rows = [ScheduledRow(r, [0], 0, list(live[r]), 1) for r in ids]
+        rows = [ScheduledRow(r, [0], 0, live[r] if shared_lists else list(live[r]), 1)
+                for r in ids]
         s, p = 16, rng.choice([8, 16])
         got = tables.gather(rows, p, s)
         want = np.zeros((s, p), np.int32)

@@ -27,6 +27,16 @@ class Harness:
         self.sampler = sampler or (lambda rid, pos, i: 1000 + (hash((rid, pos, i)) % 50))
         self.outputs: list[SchedulerOutput] = []
         self.finished: dict[str, Request] = {}
+        self.lists: dict[str, tuple[list, list]] = {}  # id -> (row's page list, its copy)
+
+    def check_list_contract(self, out: SchedulerOutput) -> None:
+        """A row's page list only grew in place since the request's last row
+        (scheduler_output.py): any other edit gave the request a new list."""
+        for row in out.rows:
+            seen = self.lists.get(row.request_id)
+            if seen is not None and seen[0] is row.page_ids:
+                assert row.page_ids[:len(seen[1])] == seen[1], "page list edited in place"
+            self.lists[row.request_id] = (row.page_ids, list(row.page_ids))
 
     def run_model(self, out: SchedulerOutput) -> dict[str, list[int]]:
         s, ps = self.s, self.s.page_size
@@ -37,6 +47,7 @@ class Harness:
         assert len(set(dsts)) == len(dsts)
         for i, (src, _) in enumerate(out.page_copies):  # in order == all at once
             assert src not in dsts[:i]
+        self.check_list_contract(out)
         snapshot = {src: list(self.mem.get(src, [None] * ps)) for src, _ in out.page_copies}
         for src, dst in out.page_copies:
             self.mem[dst] = list(snapshot[src])
@@ -440,6 +451,7 @@ class PipelinedHarness(Harness):
         s, ps = self.s, self.s.page_size
         assert len(out.rows) <= s.max_num_seqs
         assert out.num_batched_tokens <= s.max_num_batched_tokens
+        self.check_list_contract(out)
         snapshot = {src: list(self.mem.get(src, [None] * ps)) for src, _ in out.page_copies}
         for src, dst in out.page_copies:
             self.mem[dst] = list(snapshot[src])
