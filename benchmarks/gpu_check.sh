@@ -17,7 +17,7 @@ PAGEDJAX_KERNEL_NATIVE=1 timeout 330 "$PY" -m pytest -q -p no:cacheprovider test
   -k "not tpu and not mosaic" --durations=10 --junitxml="$OUT/test_kernels.xml" \
   > "$OUT/test_kernels.log" 2>&1
 TEST_RC=$?
-timeout 240 "$PY" benchmarks/attention_kernels.py ${BENCH_ARGS:-} --json "$OUT/kernels.json" \
+timeout 240 "$PY" benchmarks/attention_kernels.py ${BENCH_ARGS:-} --json "$OUT/attention_kernels.json" \
   > "$OUT/bench.log" 2>&1
 BENCH_RC=$?
 tail -n 25 "$OUT/test_kernels.log"

@@ -7,7 +7,7 @@ loaded transformers failed with ``cannot import name 'CUDAProperties'``.)
 
 from __future__ import annotations
 
-import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -23,8 +23,6 @@ def test_no_benchmark_script_shadows_an_installed_module():
             "names = json.loads(sys.argv[1])\n"
             "print(json.dumps([n for n in names if n in sys.stdlib_module_names\n"
             "                  or importlib.util.find_spec(n) is not None]))\n")
-    import json
-
     out = subprocess.run([sys.executable, "-I", "-c", code, json.dumps(names)], cwd="/",
                          capture_output=True, text=True, check=True)
     clashes = json.loads(out.stdout)
