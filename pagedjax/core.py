@@ -32,6 +32,7 @@ from pagedjax.request import Request
 from pagedjax.inputs import SampleRow
 from pagedjax.runner import Launched, Runner
 from pagedjax.request_sampling import RequestSampling
+from pagedjax.sequences import Sequences
 from pagedjax.sampling_tensors import RowState
 from pagedjax.scheduler import Scheduler, SchedulerOutput
 
@@ -65,22 +66,10 @@ class EngineCore:
         self.speculator = speculator
         self.eos_token_ids = tuple(eos_token_ids)
         self.async_scheduling = async_scheduling
-        self._sampling: dict[str, RequestSampling] = {}  # request id -> sampling state
-        self._num_serial = 0  # live requests whose steps must run serially
-        self._root: dict[str, tuple[str, int]] = {}  # seq id -> (request id, sample index)
+        self.seqs = Sequences()  # per sequence and request, between steps (sequences.py)
         self._inflight: _InFlight | None = None
-        self._topk: dict[str, dict[int, float]] = {}  # beam sequences: latest top-k
-        # Steady rows: seq id -> the SampleRow of a sequence whose next decode row needs
-        # nothing but its row index and placeholder count (one sample, no grammar, no
-        # prompt logprobs, reported to the processor); _launch's short path.
-        self._steady: dict[str, SampleRow] = {}
-        # Sequences of plain requests (RequestSampling.plain: one sample, so the
-        # sequence id is the request id): their tokens go out as CoreOutput's columns.
-        self._plain: set[str] = set()
-        # The rows of the steps being worked on (step_request_ids, after a failure), and
-        # the sequences forgotten since this step began (seq id -> request id).
+        # The rows of the steps being worked on (step_request_ids, after a failure).
         self._recent: list[list] = []
-        self._forgotten: dict[str, str] = {}
         self.num_steps = 0
         self.num_overlapped_steps = 0
 
@@ -102,48 +91,20 @@ class EngineCore:
         self.scheduler.add_request(req)
         s = RequestSampling(params, fallback_seed, bad_words_ids, p.prompt_logprobs, history,
                       keep_topk, set(), grammar)
-        self._sampling[req.request_id] = s
-        self._num_serial += s.serial
-        self._join(req.request_id, req.request_id, 0)
-        if s.plain:
-            self._plain.add(req.request_id)
+        self.seqs.add(req.request_id, s)
 
     def finish_sequences(self, seq_ids: Sequence[str], reason: str = "abort",
                          stop_reason: Any = None) -> None:
         """Finish sequences now (abort, or 'stop' for a stop string); pages freed at once."""
         for sid in seq_ids:
             self.scheduler.finish_request(sid, reason, stop_reason)
-            self._forget_seq(sid)
+            self.seqs.forget(sid)
 
     def abort_request(self, request_id: str) -> None:
         """Abort a request and all of its sequences."""
-        s = self._sampling.get(request_id)
-        for sid in list(s.seqs) if s is not None else ():
+        for sid in self.seqs.seq_ids(request_id):
             self.scheduler.abort_request(sid)
-            self._forget_seq(sid)
-
-    def _join(self, sid: str, request_id: str, index: int) -> None:
-        """Sequence ``sid`` (sample ``index``) belongs to ``request_id``."""
-        self._root[sid] = (request_id, index)
-        self._sampling[request_id].seqs.add(sid)
-
-    def _forget_seq(self, sid: str) -> None:
-        """Sequence ``sid`` is gone; so is its request once no sequence is left."""
-        self._topk.pop(sid, None)
-        self._steady.pop(sid, None)
-        self._plain.discard(sid)
-        ref = self._root.pop(sid, None)
-        if ref is not None:
-            self._forgotten[sid] = ref[0]
-        s = self._sampling.get(ref[0]) if ref is not None else None
-        if s is not None:
-            s.seqs.discard(sid)
-            s.rows.pop(sid, None)
-            if s.grammar is not None:
-                s.grammar.drop(sid)
-            if not s.seqs:
-                del self._sampling[ref[0]]
-                self._num_serial -= s.serial
+            self.seqs.forget(sid)
 
     def step_request_ids(self) -> list[str]:
         """Requests with a row in the latest launched step or the one in flight
@@ -152,8 +113,7 @@ class EngineCore:
         ids: dict[str, None] = {}
         for rows in self._recent:
             for r in rows:
-                ref = self._root.get(r.request_id)
-                rid = ref[0] if ref is not None else self._forgotten.get(r.request_id)
+                rid = self.seqs.request_of(r.request_id)
                 if rid is not None:
                     ids[rid] = None
         return list(ids)
@@ -163,7 +123,7 @@ class EngineCore:
         """A new sequence sharing ``seq_id``'s tokens and pages (copy-on-write)."""
         self._drain_check()
         self.scheduler.fork_request(seq_id, new_seq_id)
-        self._join(new_seq_id, *self._root[seq_id])
+        self.seqs.join(new_seq_id, *self.seqs.root[seq_id])
 
     def replace_pending_token(self, seq_id: str, token_id: int) -> None:
         """Swap the newest (sampled, not yet computed) token of a sequence."""
@@ -175,7 +135,7 @@ class EngineCore:
 
     def take_top_logprobs(self, seq_id: str) -> dict[int, float] | None:
         """The top-k logprobs of a keep_topk sequence's newest step (once), else None."""
-        return self._topk.pop(seq_id, None)
+        return self.seqs.topk.pop(seq_id, None)
 
     def is_finished(self, seq_id: str) -> bool:
         return self.scheduler.get_request(seq_id) is None
@@ -186,17 +146,17 @@ class EngineCore:
 
     # ------------------------------------------------------------------ step
     def _serial(self) -> bool:
-        return not self.async_scheduling or self._num_serial > 0 or self.speculator is not None
+        return not self.async_scheduling or self.seqs.num_serial > 0 or self.speculator is not None
 
     def _may_speculate(self, req: Request) -> bool:
-        ref = self._root.get(req.request_id)
-        return ref is not None and not self._sampling[ref[0]].token_by_token
+        ref = self.seqs.root.get(req.request_id)
+        return ref is not None and not self.seqs.sampling[ref[0]].token_by_token
 
     def step(self) -> CoreOutput:
         """Schedule and launch the next step; return the results of the one before
         (or of this one when running serially)."""
         out = CoreOutput()
-        self._forgotten = {}
+        self.seqs.forgotten = {}
         self._recent = [self._inflight.sched.rows] if self._inflight is not None else []
         if self._inflight is not None and self._serial():
             self._complete(self._take_inflight(), out)
@@ -223,7 +183,7 @@ class EngineCore:
         return fl
 
     def _row_state(self, req: Request, sid: str, index: int, fork: bool) -> RowState:
-        s = self._sampling[self._root[sid][0]]
+        s = self.seqs.sampling[self.seqs.root[sid][0]]
         # A grammar row whose previous token is still on the device gets its mask later
         # (_sample_deferred); until then every token is open.
         bits = None
@@ -250,9 +210,10 @@ class EngineCore:
         prompt_tokens: dict[str, list[int]] = {}
         prompt_starts: dict[str, int] = {}
         lora_slots = [] if self.lora_slot is not None else None
-        get_request, root, sampling = self.scheduler.requests.get, self._root, self._sampling
+        seqs = self.seqs
+        get_request, root, sampling = self.scheduler.requests.get, seqs.root, seqs.sampling
         first_scheduled, cached = out.first_scheduled, out.num_cached_tokens
-        steady = self._steady
+        steady = seqs.steady
         for i, row in enumerate(sched.rows):
             sid = row.request_id
             req = get_request(sid)
@@ -323,7 +284,7 @@ class EngineCore:
         rows = list(fl.sample_rows)
         for j, sid, idx in fl.deferred:
             req = self.scheduler.get_request(sid)
-            if req is not None and sid in self._root:
+            if req is not None and sid in self.seqs.root:
                 rows[j] = dataclasses.replace(rows[j], state=self._row_state(req, sid, idx, False))
         fl.launched = self.runner.launch_sample(fl.launched, rows)
         fl.sample_rows = fl.deferred = None
@@ -355,7 +316,7 @@ class EngineCore:
                 sampled[sid] = got = [got]
             got.extend(tokens[j] if tokens is not None else (ids[j],))
         for sid, arrays in res.prompt_logprobs.items():
-            rid = self._root.get(sid, (None,))[0]
+            rid = self.seqs.root.get(sid, (None,))[0]
             if rid is not None:
                 out.prompt_logprobs[rid] = (fl.prompt_starts[sid],) + tuple(arrays)
         changed = self.scheduler.update(fl.sched, sampled)
@@ -363,12 +324,13 @@ class EngineCore:
         # may finish on this very token (and be forgotten) while they go on.
         if extra_of:
             for req in changed:
-                if (req.request_id not in first_of and req.parent_id in self._root
+                if (req.request_id not in first_of and req.parent_id in self.seqs.root
                         and (req.parent_id, req.sample_index) in extra_of):
-                    self._join(req.request_id, self._root[req.parent_id][0], req.sample_index)
+                    self.seqs.join(req.request_id, self.seqs.root[req.parent_id][0],
+                                   req.sample_index)
         if spec is None:
             logprob, rank = res.logprob.tolist(), res.rank.tolist()
-        root_of, sampling, plain = self._root, self._sampling, self._plain
+        root_of, sampling, plain = self.seqs.root, self.seqs.sampling, self.seqs.plain
         plain_ids, plain_tokens = out.plain_request_ids, out.plain_token_ids
         for req in changed:
             sid = req.request_id
@@ -396,11 +358,11 @@ class EngineCore:
                            req.finish_reason, req.stop_reason)
             if s is not None and s.keep_topk:
                 k = s.params[0].logprobs
-                self._topk[sid] = {int(t): float(v) for t, v in
+                self.seqs.topk[sid] = {int(t): float(v) for t, v in
                                    zip(res.topk_ids[j][:k], res.topk_logprobs[j][:k])}
             out.updates.append(up)
             if req.finish_reason is not None:
-                self._forget_seq(sid)
+                self.seqs.forget(sid)
 
     def _advance_grammar(self, grammar: Any, req: Request) -> None:
         """Feed a constrained sequence's new token to its matcher; a complete grammar
@@ -430,10 +392,10 @@ class EngineCore:
                 req.finish_reason if last else None, req.stop_reason if last else None,
                 num_draft_tokens=num_draft if t == 0 else 0,
                 num_accepted_tokens=len(tokens) - 1 if t == 0 and num_draft else 0))
-        s = self._sampling.get(rid)
+        s = self.seqs.sampling.get(rid)
         if s is not None and s.keep_topk and kept:
             k = s.params[0].logprobs
-            self._topk[req.request_id] = {int(t): float(v) for t, v in
+            self.seqs.topk[req.request_id] = {int(t): float(v) for t, v in
                                           zip(res.topk_ids[j, 0][:k], res.topk_logprobs[j, 0][:k])}
         if req.is_finished:
-            self._forget_seq(req.request_id)
+            self.seqs.forget(req.request_id)
