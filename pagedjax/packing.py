@@ -13,6 +13,9 @@ depends only on the padded shapes, so it adds no compilations.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
+import operator
 from typing import Any
 
 import jax
@@ -26,23 +29,36 @@ class PackSpec:
     leaves: tuple[tuple[int, int, tuple[int, ...]], ...]  # (buffer, offset, shape) per leaf
 
 
+_signature = operator.attrgetter("dtype", "shape")
+_flat = operator.methodcaller("reshape", -1)
+
+
+@functools.lru_cache(maxsize=512)
+def _plan(treedef, signatures: tuple) -> tuple[PackSpec, tuple[tuple[int, ...], ...]]:
+    """The spec and, per buffer, its leaves' indices, for leaves of these (dtype,
+    shape)s: the same few shapes come back step after step, so this is worked out
+    once per shape (runs per step otherwise: pack is on the host's critical path)."""
+    dtypes = tuple(sorted({d.str for d, _ in signatures}))
+    index = {d: i for i, d in enumerate(dtypes)}
+    groups: list[list[int]] = [[] for _ in dtypes]
+    sizes = [0] * len(dtypes)
+    layout = []
+    for k, (dtype, shape) in enumerate(signatures):
+        b = index[dtype.str]
+        layout.append((b, sizes[b], shape))
+        groups[b].append(k)
+        sizes[b] += math.prod(shape)
+    return PackSpec(treedef, dtypes, tuple(layout)), tuple(tuple(g) for g in groups)
+
+
 def pack(tree) -> tuple[tuple[np.ndarray, ...], PackSpec]:
     """Host side: (flat buffers, spec). Leaves must be numpy arrays or scalars."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
-    arrays = [np.asarray(x) for x in leaves]
-    dtypes = tuple(sorted({a.dtype.str for a in arrays}))
-    index = {d: i for i, d in enumerate(dtypes)}
-    parts: list[list[np.ndarray]] = [[] for _ in dtypes]
-    sizes = [0] * len(dtypes)
-    layout = []
-    for a in arrays:
-        b = index[a.dtype.str]
-        layout.append((b, sizes[b], a.shape))
-        parts[b].append(a.reshape(-1))
-        sizes[b] += a.size
-    bufs = tuple(np.concatenate(p) if p else np.zeros(0, np.dtype(d))
-                 for p, d in zip(parts, dtypes))
-    return bufs, PackSpec(treedef, dtypes, tuple(layout))
+    arrays = list(map(np.asarray, leaves))  # (C-level loops: no Python work per leaf)
+    spec, groups = _plan(treedef, tuple(map(_signature, arrays)))
+    pick = arrays.__getitem__
+    bufs = tuple(np.concatenate(list(map(_flat, map(pick, g)))) for g in groups)
+    return bufs, spec
 
 
 def unpack(bufs, spec: PackSpec):

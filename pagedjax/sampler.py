@@ -41,7 +41,7 @@ number of compiled variants is bounded by the flags.
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 from dataclasses import dataclass
 from typing import Optional
 
@@ -264,7 +264,11 @@ def program_flags(st: SamplingTensors, backend: str = "auto") -> SamplingTensors
     tokens are the same either way."""
     if not (st.use_min_p or st.use_top_k_p) or resolve_backend(backend) != "native":
         return st
-    return dataclasses.replace(st, use_min_p=False, use_top_k_p=False)
+    # A shallow copy with two fields changed (per step: dataclasses.replace would
+    # re-run the 21-field constructor through its generic path).
+    out = copy.copy(st)
+    out.use_min_p = out.use_top_k_p = False
+    return out
 
 
 def sample(logits: jax.Array, st: SamplingTensors,
