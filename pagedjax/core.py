@@ -156,7 +156,7 @@ class EngineCore:
         """Schedule and launch the next step; return the results of the one before
         (or of this one when running serially)."""
         out = CoreOutput()
-        self.seqs.forgotten = {}
+        self.seqs.begin_step()
         self._recent = [self._inflight.sched.rows] if self._inflight is not None else []
         if self._inflight is not None and self._serial():
             self._complete(self._take_inflight(), out)

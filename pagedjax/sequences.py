@@ -16,7 +16,7 @@ core's per-row loops read without further checks:
 
 :meth:`Sequences.forget` drops a sequence from all of them, and its request
 once no sequence of it is left; ``forgotten`` remembers which request a
-sequence forgotten during the current step belonged to.
+sequence forgotten during the current step belonged to (``begin_step`` starts one).
 """
 
 from __future__ import annotations
@@ -37,6 +37,10 @@ class Sequences:
         self.topk: dict[str, dict[int, float]] = {}
         self.forgotten: dict[str, str] = {}  # seq id -> request id, this step
         self.num_serial = 0  # live requests whose steps must run serially
+
+    def begin_step(self) -> None:
+        """A new step: forget which requests the sequences forgotten before it had."""
+        self.forgotten = {}
 
     def add(self, request_id: str, s: RequestSampling) -> None:
         """A new request, with its first sequence (the same id, sample 0)."""

@@ -19,7 +19,7 @@ def test_plain_request_and_its_views_go_when_its_sequence_is_forgotten():
     seqs.forget("a")
     assert "a" not in seqs.steady and not seqs.plain and not seqs.sampling and not seqs.root
     assert seqs.request_of("a") == "a"  # forgotten during this step
-    seqs.forgotten = {}
+    seqs.begin_step()
     assert seqs.request_of("a") is None
     seqs.forget("a")  # twice: nothing left to drop
 
