@@ -154,6 +154,18 @@ def split_cores() -> None:
             os.sched_setaffinity(int(tid), others)
 
 
+def other_thread_cores() -> list[int]:
+    """The cores the process's threads other than the calling one may run on."""
+    me, cores = threading.get_native_id(), set()
+    for tid in os.listdir("/proc/self/task"):
+        if int(tid) != me:
+            try:
+                cores |= os.sched_getaffinity(int(tid))
+            except OSError:  # the thread ended meanwhile
+                pass
+    return sorted(cores)
+
+
 def measure(model: str, rows: int, context: int, steps: int, async_scheduling: bool,
             vocab: int = VOCAB, split: bool = False) -> dict:
     """Decode ``steps`` steps of ``rows`` requests with ``context``-token prompts
@@ -229,6 +241,9 @@ def measure(model: str, rows: int, context: int, steps: int, async_scheduling: b
     host = walls - blocks - disp
     return {"rows": rows, "context": context, "steps": steps, "async": async_scheduling,
             "split": split, "engine_thread_cores": sorted(os.sched_getaffinity(0)),
+            # After the timed steps: the cores every other thread of the process may use
+            # (with ``split``, XLA's threads, also any started during the steps).
+            "other_thread_cores": other_thread_cores(),
             "host_ms_median": 1000 * float(np.median(host)),
             "host_ms_p90": 1000 * float(np.percentile(host, 90)),
             "host_cpu_ms_median": 1000 * float(np.median(cpus)),

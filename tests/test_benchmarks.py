@@ -248,6 +248,8 @@ def test_host_overhead_split_cores_child(tmp_path):
                                      async_scheduling=True, split=True))
     first = min(os.sched_getaffinity(0))
     assert r["split"] is True and r["async"] is True and r["engine_thread_cores"] == [first]
+    # XLA's threads (also any it started during the steps) stay off the engine's core.
+    assert r["other_thread_cores"] and first not in r["other_thread_cores"]
     assert r["steps_per_s"] > 0 and r["step_ms_median"] > 0
 
 
