@@ -242,17 +242,12 @@ class EngineCore:
             if num_samples == 0:
                 continue
             fork = num_samples > 1
-            sr = None if fork else s.rows.get(sid)
-            if sr is not None and sr.state.output_token_ids is req.output_token_ids:
-                sr.row_index = i  # the common row: its state from the step before
-                sr.state.num_placeholders = req.num_pending - 1
-            else:
-                sr = SampleRow(sid, i, self._row_state(req, sid, 0 if fork else idx, fork),
-                               s.params[0].logprobs)
-                if not fork and s.grammar is None:
-                    s.rows[sid] = sr
-                    if s.prompt_logprobs is None:  # (reported above: steady from now on)
-                        steady[sid] = sr
+            sr = SampleRow(sid, i, self._row_state(req, sid, 0 if fork else idx, fork),
+                           s.params[0].logprobs)
+            if not fork and s.grammar is None:
+                # Reported above: its later rows take the short path. (A prompt chunk
+                # they skip after a preemption has its prompt logprobs already.)
+                steady[sid] = sr
             # Each row's first sample comes first, so a row's index in this step's
             # sampled tokens is < max_num_seqs (the next step's placeholder source).
             token_src[sid] = len(first)

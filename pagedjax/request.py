@@ -40,7 +40,10 @@ Extra fields beyond the brief, used by the scheduler / page pool:
     num_registered_pages  how many leading pages were offered to the cache
     first_scheduled       set on first admission (num_cached_tokens is
                           recorded then, not again after a preemption)
-Methods: get_token_ids(start, end), token_at(pos), append_output_token, check_stop(max_len),
+    max_num_tokens        prompt + outputs at which it finishes with 'length'
+                          (max_tokens, lowered by Scheduler.add_request to the
+                          length cap)
+Methods: get_token_ids(start, end), token_at(pos), append_output_token, check_stop(),
 finish(status, stop_reason), fork(new_id, sample_index) (no pages).
 """
 
@@ -210,12 +213,12 @@ class Request:
         self.finish_reason = status.finish_reason
         self.stop_reason = stop_reason
 
-    def check_stop(self, max_len: int | None = None) -> bool:
+    def check_stop(self) -> bool:
         """Apply the stop rules to the newest output token; finish if one fires.
 
-        Stop tokens ('stop') win over length limits ('length'): ``max_num_tokens``
-        (max_tokens and, once a scheduler added it, the length cap) and ``max_len``,
-        a further cap in tokens (prompt + outputs) if given. Runs per row per step.
+        Stop tokens ('stop') win over the length limit ('length'): ``max_num_tokens``
+        (max_tokens and, once a scheduler added the request, its length cap). Runs per
+        row per step.
         """
         out = self.output_token_ids
         n_out = len(out)
@@ -228,8 +231,7 @@ class Request:
             else:
                 self.finish(RequestStatus.FINISHED_STOPPED, stop_reason=last)
             return True
-        n = len(self.prompt_token_ids) + n_out  # num_tokens
-        if n >= self.max_num_tokens or (max_len is not None and n >= max_len):
+        if len(self.prompt_token_ids) + n_out >= self.max_num_tokens:  # num_tokens
             self.finish(RequestStatus.FINISHED_LENGTH)
             return True
         return False

@@ -3,8 +3,9 @@
 :class:`RequestSampling` is fixed when a request is added (its per-sample
 params, fallback seed, bad words, prompt logprobs, grammar) and holds what the
 core reuses step after step: each sample's static sampler row
-(``sampling_tensors.static_row``), the ``SampleRow`` of plain rows, and what the
-output processor has been told already. Host only, no JAX.
+(``sampling_tensors.static_row``) and what the output processor has been told
+already (a sequence's reusable ``SampleRow`` is in ``sequences.Sequences.steady``).
+Host only, no JAX.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pagedjax.sampling_tensors import static_row
 @dataclasses.dataclass(slots=True)
 class RequestSampling:
     """Per-request sampling state, fixed at add time (plus what the core reuses
-    between steps: static rows, plain rows' SampleRows, what it reported)."""
+    between steps: static rows, what it reported)."""
 
     params: list[SamplingParams]  # per sample index (seed + i for n > 1)
     fallback_seed: int
@@ -33,9 +34,6 @@ class RequestSampling:
     # What the output processor was told: scheduled at all, prefix-cached tokens.
     reported_scheduled: bool = False
     reported_cached: int = -1
-    # seq id -> its SampleRow, reused step after step by plain rows (no grammar, not
-    # a fork): only the row index and the placeholder count change.
-    rows: dict = dataclasses.field(default_factory=dict)
     # One sample, no logprobs, no top-k for beams, no grammar: the core reports its
     # tokens in CoreOutput's plain columns, not as SeqUpdates.
     plain: bool = dataclasses.field(init=False, default=False)  # (derived: __post_init__)

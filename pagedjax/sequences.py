@@ -6,9 +6,10 @@ and sample index, holds each request's
 :class:`~pagedjax.request_sampling.RequestSampling`, and keeps the views the
 core's per-row loops read without further checks:
 
-* ``steady``: sequence id -> its ``SampleRow``, for sequences whose next decode
-  row needs nothing but its row index and placeholder count (one sample, no
-  grammar, no prompt logprobs, already reported to the output processor);
+* ``steady``: sequence id -> its ``SampleRow``, reused step after step: the
+  sequence's next one-sample row needs nothing but its row index and
+  placeholder count (no grammar, not a fork, already reported to the output
+  processor);
 * ``plain``: the sequences of plain requests (``RequestSampling.plain``: one
   sample, so the sequence id is the request id), whose tokens leave the core
   as ``CoreOutput``'s two columns;
@@ -67,7 +68,6 @@ class Sequences:
         s = self.sampling.get(ref[0])
         if s is not None:
             s.seqs.discard(sid)
-            s.rows.pop(sid, None)
             if s.grammar is not None:
                 s.grammar.drop(sid)
             if not s.seqs:

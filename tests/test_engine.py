@@ -102,6 +102,36 @@ def test_greedy_matches_transformers_with_preemption_and_chunking(llm_small_pool
     assert stats.used == 0, "finished requests must free every page"
 
 
+def test_prompt_logprobs_survive_preemption(llm_small_pool):
+    """Requests with prompt logprobs that are preempted (and recomputed) report each
+    prompt position once, with the values they get when run alone."""
+    llm = llm_small_pool
+    sched = llm.llm_engine.scheduler
+    preempted = []
+    orig_schedule = sched.schedule
+
+    def spy():
+        out = orig_schedule()
+        preempted.extend(out.preempted_ids)
+        return out
+
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, prompt_logprobs=1)
+    sched.schedule = spy
+    try:
+        crowded = llm.generate(PROMPTS, params, use_tqdm=False)
+    finally:
+        sched.schedule = orig_schedule
+    assert preempted, "the pool was meant to be too small: no preemption happened"
+    for p, o in zip(PROMPTS, crowded):
+        alone = llm.generate([p], params, use_tqdm=False)[0]
+        assert len(o.prompt_logprobs) == len(o.prompt_token_ids) and o.prompt_logprobs[0] is None
+        for pos, (got, want) in enumerate(zip(o.prompt_logprobs[1:], alone.prompt_logprobs[1:])):
+            tok = o.prompt_token_ids[pos + 1]
+            assert got[tok].rank == want[tok].rank, (p, pos)
+            assert abs(got[tok].logprob - want[tok].logprob) < 1e-3, (p, pos)
+        assert o.outputs[0].token_ids == alone.outputs[0].token_ids, p
+
+
 def test_prefix_caching_shared_system_prompt(hf_greedy, hf_model):
     import torch
 
