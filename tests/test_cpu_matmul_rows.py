@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu",
 
 @pytest.mark.parametrize("timings, rows", [
     ({8: (1.0, 2.0), 16: (2.0, 3.0), 32: (3.0, 4.0)}, 32),    # C++ wins everywhere
-    ({8: (1.0, 2.0), 16: (3.0, 2.0), 32: (3.0, 4.0)}, 8),     # loses at 16: stop there
+    ({8: (1.0, 2.0), 16: (3.0, 2.0), 32: (3.0, 4.0)}, 8),     # the loss at 16 outweighs 32
     ({8: (2.0, 1.0), 16: (1.0, 2.0), 32: (1.0, 2.0)}, 0),     # loses at the smallest: never
     ({8: (0.97, 1.0)}, 0),                                    # saves under 5%: XLA keeps it
     ({1: (1.0, 1.02), 2: (1.0, 2.0), 16: (3.0, 2.0)}, 2),     # a tie below a win
