@@ -29,8 +29,10 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from kernels_pallas import mosaic_tpu, reference, triton_gpu  # noqa: E402
-from kernels_pallas.kv_write import quantize  # noqa: E402
+from pagedjax.kernels_pallas.pallas import mosaic_tpu  # noqa: E402
+from pagedjax.kernels_pallas import reference  # noqa: E402
+from pagedjax.kernels_pallas.pallas import triton_gpu  # noqa: E402
+from pagedjax.kernels_pallas.kv_write import quantize  # noqa: E402
 
 # Vendor datasheet HBM bandwidth (bytes/s) by device kind substring.
 PEAK_BW = {

@@ -81,7 +81,7 @@ def child(max_tokens: int, workers: int | None, model: str | None, max_num_seqs:
         import jax  # noqa: F401
 
         import pagedjax  # noqa: F401
-        from pagedjax.runner import CompileCounter
+        from pagedjax.worker.runner import CompileCounter
 
         CompileCounter.install()
         ph.compiles = lambda: CompileCounter.count
@@ -91,7 +91,7 @@ def child(max_tokens: int, workers: int | None, model: str | None, max_num_seqs:
             and durations.append(d))
 
     ph.run("import", imports)
-    from kernels_pallas import cpu_matmul_rows, cpu_native
+    from pagedjax.kernels_pallas.cpu import matmul_rows as cpu_matmul_rows, native as cpu_native
     from pagedjax import LLM, SamplingParams
 
     llm = ph.run("load", lambda: LLM(model, max_num_seqs=max_num_seqs))

@@ -1,11 +1,11 @@
-"""The C++ CPU kernels (kernels_pallas/cpu_native.cc, cpu_matmul.cc) vs XLA on the same inputs.
+"""The C++ CPU kernels (kernels_pallas/cpu/attention.cc, cpu_matmul.cc) vs XLA on the same inputs.
 
 Attention: one layer with SmolLM2-135M's heads (9 q / 3 kv, head_dim 64,
 16-token pages placed at random) for 1, 8 and 64 decode rows and a 512-token
 prefill (8 chunks of 64); ``--attention-rows`` instead: a 30-layer decode step's
 attention at several row counts (how it scales with rows). Matmuls: 30 SmolLM2-sized layers (qkv, o, gate_up,
 down) plus the tied-embedding logits, at 1..128 rows. ``--int8``: the same 30 layers
-and logits with int8 weights (kernels_pallas/cpu_qmatmul.cc) beside float32, each
+and logits with int8 weights (kernels_pallas/cpu/qmatmul.cc) beside float32, each
 in C++ and in XLA (int8 in XLA: models/quant.py's chunked dequantization, the
 model's path without the kernel), cases alternating order between rounds. Each
 figure is the minimum of ``--reps`` runs of a jitted call. Prints a table, writes JSON.
@@ -26,8 +26,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks.throughput import write_json  # noqa: E402
-from kernels_pallas import cpu_native, cpu_qmatmul, reference  # noqa: E402
-from models import quant as Q  # noqa: E402
+from pagedjax.kernels_pallas.cpu import native as cpu_native, qmatmul as cpu_qmatmul  # noqa: E402
+from pagedjax.kernels_pallas import reference  # noqa: E402
+from pagedjax.models import quant as Q  # noqa: E402
 
 DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "cpu_kernels.json")
 INT8_JSON = DEFAULT_JSON.replace("cpu_kernels.json", "cpu_kernels_int8.json")
@@ -214,9 +215,9 @@ def int8_model_steps(reps, rows, rounds=3, context=64):
     """SmolLM2-135M loaded int8: best ms of a decode step (forward + logits, cpu_native
     attention, every row one token at ``context``) with the int8 matmuls in C++
     (plan.native_matmul_rows = rows) vs on XLA's path (0); alternating order."""
-    import models
-    from models.base import ExecutionPlan
-    from models.metadata import SeqChunk, build_metadata
+    import pagedjax.models as models
+    from pagedjax.models.base import ExecutionPlan
+    from pagedjax.models.metadata import SeqChunk, build_metadata
 
     m, p = models.load_model(None, dtype="float32", quantization="int8")
     ps, per = 16, -(-context // 16)

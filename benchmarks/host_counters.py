@@ -10,7 +10,7 @@ counts here do not, so two checkouts can be compared exactly on them:
 
 Also the wrappers that time the host phases, the garbage collector and (on an
 older checkout) the runner's jitted calls. They are set on the engine's objects
-(and on ``pagedjax.sampler.build_sampling_tensors``) in the benchmark's own
+(and on ``pagedjax.sample.sampler.build_sampling_tensors``) in the benchmark's own
 process only.
 """
 
@@ -62,7 +62,7 @@ class Patches:
 def instrument_phases(engine, patches: Patches) -> dict:
     """Wrap the engine's host phases (this benchmark process only, through
     ``patches``) to sum their wall time; a name an older checkout lacks is skipped."""
-    from pagedjax import sampler
+    from pagedjax.sample import sampler
 
     totals: dict[str, float] = {}
     targets = [("schedule", engine.scheduler, "schedule"), ("prepare", engine.runner, "prepare"),

@@ -87,7 +87,7 @@ def tiny_folder(path: str, vocab: int = VOCAB) -> str:
     SmolLM2's 49,152 tokens, or the first ``vocab`` of them."""
     from safetensors.numpy import save_file
 
-    from pagedjax.tokenizer import load_tokenizer
+    from pagedjax.engine.tokenizer import load_tokenizer
 
     h, inter, layers, heads, kv, hd = 64, 128, 2, 4, 2, 16
     cfg = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=h,

@@ -34,8 +34,8 @@ def _child(model, mode: str, rows: int, context: int, reps: int) -> dict:
     import jax.numpy as jnp
     import numpy as np
 
-    import models
-    from models.metadata import SeqChunk, build_metadata
+    import pagedjax.models as models
+    from pagedjax.models.metadata import SeqChunk, build_metadata
 
     kw = {} if mode == "float" else {"quantization": mode}
     m, p = models.load_model(model, dtype="float32", **kw)

@@ -41,7 +41,7 @@ PROMPTS = [
 
 
 def _child(model: str | None, mode: str, max_tokens: int) -> dict:
-    import models
+    import pagedjax.models as models
     from pagedjax import LLM, SamplingParams
 
     t0 = time.perf_counter()

@@ -5,13 +5,13 @@
 
 For each row count and each sampling mode -- greedy, temperature 0.8,
 top-k 50, top-p 0.95 (temperature 0.8, the quick-start settings), min-p 0.05
--- it times the jitted ``pagedjax.sampler.sample`` (no logprobs) on logits of
+-- it times the jitted ``pagedjax.sample.sampler.sample`` (no logprobs) on logits of
 the model's vocabulary, with the draw on both paths:
 
 * **before**: ``backend="xla"``, the jnp sampler (argmax, ``lax.top_k`` of 256
   candidates with a bisection fallback, blocked inverse CDF), unchanged from
   the sampler before the C++ draw landed;
-* **after**: ``backend="native"``, the C++ draw (kernels_pallas/cpu_sampler.cc).
+* **after**: ``backend="native"``, the C++ draw (kernels_pallas/cpu/sampler.cc).
 
 Two kinds of logits: **peaked** (sorted logits falling like a language model's,
 ``-1.3 * log(rank)`` plus noise, shuffled: the top-p nucleus holds a few
@@ -66,7 +66,7 @@ def _median_ms(fn, reps: int) -> float:
 def time_sampler(kinds, rows_list, vocab: int, reps: int, backends) -> list[dict]:
     import jax
 
-    from pagedjax.sampler import RowState, build_sampling_tensors, sample_jit
+    from pagedjax.sample.sampler import RowState, build_sampling_tensors, sample_jit
     from pagedjax.sampling_params import SamplingParams
 
     out = []
@@ -90,10 +90,10 @@ def time_sampler(kinds, rows_list, vocab: int, reps: int, backends) -> list[dict
 def time_model_step(model: str | None, rows: int, context: int, reps: int) -> dict:
     """A whole greedy decode step (Runner.execute) of ``rows`` rows at ``context`` tokens."""
     from pagedjax import LLM
-    from pagedjax.inputs import SampleRow
-    from pagedjax.sampler import RowState
+    from pagedjax.worker.inputs import SampleRow
+    from pagedjax.sample.sampler import RowState
     from pagedjax.sampling_params import SamplingParams
-    from pagedjax.scheduler import ScheduledRow
+    from pagedjax.core.scheduler import ScheduledRow
 
     per = -(-context // 16)
     llm = LLM(model=model, max_model_len=context + 16, max_num_seqs=rows,
@@ -127,7 +127,7 @@ def main(argv=None) -> int:
     ns = parse_args(argv)
     import jax
 
-    from kernels_pallas import cpu_sampler
+    from pagedjax.kernels_pallas.cpu import sampler as cpu_sampler
 
     report = {"benchmark": "sampler", "args": vars(ns), "date": time.strftime("%Y-%m-%d %H:%M"),
               "machine": machine.machine(), "jax_backend": jax.default_backend()}

@@ -97,7 +97,7 @@ def write_draft_folder(model: str | None, folder: str, num_layers: int) -> str:
     import numpy as np
     from safetensors.numpy import save_file
 
-    import models
+    import pagedjax.models as models
 
     resolved = models.resolve_model(model)
     ckpt = models.open_checkpoint(resolved)
@@ -159,7 +159,7 @@ def _spec_config(ns, method: str, draft_folder: str | None):
                 "prompt_lookup_min": 2}
     if method == "draft":
         return {"model": draft_folder, "num_speculative_tokens": ns.k}
-    import models
+    import pagedjax.models as models
 
     r = models.resolve_model(ns.model)
     path = os.path.join(r.path, r.gguf_file) if r.gguf_file else r.path
@@ -184,7 +184,7 @@ def _drive(engine, reqs, tag: str):
 
 def child(ns) -> dict:
     from pagedjax import LLM
-    from pagedjax.runner import CompileCounter
+    from pagedjax.worker.runner import CompileCounter
 
     spec = _spec_config(ns, ns.method, ns.draft_folder)
     t = time.perf_counter()

@@ -42,7 +42,7 @@ DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results
 
 def _rows(n: int, tokens_each: int, context: int, page_size: int):
     """``n`` scheduled rows, each on its own pages, ending at position ``context``."""
-    from pagedjax.scheduler import ScheduledRow
+    from pagedjax.core.scheduler import ScheduledRow
 
     per = -(-context // page_size)
     rows = []

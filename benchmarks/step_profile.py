@@ -18,7 +18,7 @@ context, on its own pages), in one process:
 * **sampling**: the sampler on R rows of logits, greedy and top-p 0.95;
 * **matmul floor**: the same-shape matmul chain (every layer's qkv, o,
   gate/up and down projections, then the LM head) on random weights, with
-  XLA's dot and with the C++ kernel (kernels_pallas/cpu_matmul.cc); the floor
+  XLA's dot and with the C++ kernel (kernels_pallas/cpu/matmul.cc); the floor
   is the faster of the two, per part;
 * derived: **norms/rotary/elementwise** = no attention - layer matmuls (the
   path the runner uses at R rows) - LM head - KV write; **dispatch/transfer/
@@ -53,7 +53,7 @@ DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results
 
 
 def _rows(n: int, context: int, page_size: int):
-    from pagedjax.scheduler import ScheduledRow
+    from pagedjax.core.scheduler import ScheduledRow
 
     per = -(-context // page_size)
     return [ScheduledRow(f"r{i}", [1], context - 1, list(range(1 + i * per, 1 + (i + 1) * per)))
@@ -65,7 +65,7 @@ def matmul_floor(shapes: dict, rows: int, reps: int) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from kernels_pallas import cpu_native
+    from pagedjax.kernels_pallas.cpu import native as cpu_native
 
     rng = np.random.default_rng(0)
     h, inter, qkv, o_in, layers, vocab = (shapes[k] for k in (
@@ -132,7 +132,8 @@ def attention_direct_ms(runner, rows: int, context: int, reps: int) -> float:
     import jax
     import jax.numpy as jnp
 
-    from kernels_pallas import cpu_native, reference
+    from pagedjax.kernels_pallas.cpu import native as cpu_native
+    from pagedjax.kernels_pallas import reference
 
     info, ps = runner.model.info, runner.page_size
     per = -(-context // ps)
@@ -160,9 +161,9 @@ def parts(runner, rows: int, context: int, reps: int) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from kernels_pallas import write_kv
-    from pagedjax.inputs import SampleRow
-    from pagedjax.sampler import RowState, build_sampling_tensors, sample_jit
+    from pagedjax.kernels_pallas import write_kv
+    from pagedjax.worker.inputs import SampleRow
+    from pagedjax.sample.sampler import RowState, build_sampling_tensors, sample_jit
     from pagedjax.sampling_params import SamplingParams
 
     sched = _rows(rows, context, runner.page_size)
@@ -284,7 +285,7 @@ def main(argv=None) -> int:
     ns = parse_args(argv)
     import jax
 
-    from models import resolve_model
+    from pagedjax.models import resolve_model
     from pagedjax import LLM
 
     rows_list = [int(x) for x in ns.rows.split(",")]

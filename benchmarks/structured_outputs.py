@@ -135,8 +135,8 @@ def _valid_text(spec) -> str:
 def compile_part() -> list[dict]:
     from benchmarks.host_overhead import default_gguf
     from pagedjax import StructuredOutputsParams as S
-    from pagedjax.structured_outputs import GrammarCompiler, GrammarState
-    from pagedjax.tokenizer import load_tokenizer
+    from pagedjax.structured_output.grammar import GrammarCompiler, GrammarState
+    from pagedjax.engine.tokenizer import load_tokenizer
 
     tok = load_tokenizer(default_gguf())
     comp = GrammarCompiler(tok, 49152, [2])

@@ -68,7 +68,7 @@ def worker(ns) -> int:
     """Child process: write the workload, or run one system on it; results to --worker-out."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if ns.worker == "workload":
-        from models import resolve_model
+        from pagedjax.models import resolve_model
 
         vocab = int(resolve_model(ns.model).hf_config.get("vocab_size") or 32000)
         reqs = make_workload(ns.num_requests, ns.input_mean, ns.output_mean, vocab, ns.seed)

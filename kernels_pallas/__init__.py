@@ -26,16 +26,16 @@ import warnings
 import jax
 import numpy as np
 
-from kernels_pallas.kv_write import (  # noqa: F401
+from pagedjax.kernels_pallas.kv_write import (  # noqa: F401
     KV_CACHE_DTYPES,
     allocate_kv_pages,
     copy_pages,
     is_quantized,
     write_kv,
 )
-from kernels_pallas.reference import check_args
-from kernels_pallas.reference import ragged_paged_attention as reference_attention
-from kernels_pallas.sharded import sharded_attention  # noqa: F401
+from pagedjax.kernels_pallas.reference import check_args
+from pagedjax.kernels_pallas.reference import ragged_paged_attention as reference_attention
+from pagedjax.kernels_pallas.sharded import sharded_attention  # noqa: F401
 
 BACKENDS = ("auto", "xla", "cpu_native", "pallas_gpu", "pallas_tpu")
 
@@ -60,7 +60,7 @@ def resolve_backend(backend: str = "auto") -> str:
         raise ValueError(f"attention_backend='pallas_gpu': {triton_lowering_missing()}; "
                          "install a JAX in the range pyproject.toml pins, or use 'xla'")
     if backend == "cpu_native":
-        from kernels_pallas import cpu_native
+        from pagedjax.kernels_pallas.cpu import native as cpu_native
 
         if platform != "cpu":
             raise ValueError(f"attention_backend='cpu_native' runs on the CPU platform, "
@@ -80,7 +80,7 @@ def resolve_backend(backend: str = "auto") -> str:
         return "pallas_gpu"
     if platform == "tpu":
         return "pallas_tpu"
-    from kernels_pallas import cpu_native
+    from pagedjax.kernels_pallas.cpu import native as cpu_native
 
     return "cpu_native" if platform == "cpu" and cpu_native.available() else "xla"
 
@@ -130,19 +130,19 @@ def ragged_paged_attention(
     if backend == "xla":
         return reference_attention(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, **kw)
     if backend == "cpu_native":
-        from kernels_pallas import cpu_native
+        from pagedjax.kernels_pallas.cpu import native as cpu_native
 
         return cpu_native.ragged_paged_attention(
             q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, **kw)
     if backend == "pallas_gpu":
-        from kernels_pallas import triton_gpu
+        from pagedjax.kernels_pallas.pallas import triton_gpu
 
         if interpret is None:
             interpret = jax.default_backend() != "gpu"
         return triton_gpu.ragged_paged_attention(
             q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, interpret=interpret, **kw
         )
-    from kernels_pallas import mosaic_tpu
+    from pagedjax.kernels_pallas.pallas import mosaic_tpu
 
     if interpret is None:
         interpret = jax.default_backend() != "tpu"

@@ -35,8 +35,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from kernels_pallas.kv_write import dequantize
-from kernels_pallas.tiling import tile_table
+from pagedjax.kernels_pallas.kv_write import dequantize
+from pagedjax.kernels_pallas.tiling import tile_table
 
 _NEG_INF = -1e30
 

@@ -19,7 +19,7 @@ from jax.sharding import PartitionSpec as P
 
 def sharded_attention(mesh, axis: str = "tp"):
     """``ragged_paged_attention`` run per device of ``mesh`` on its own heads."""
-    from kernels_pallas import ragged_paged_attention
+    from pagedjax.kernels_pallas import ragged_paged_attention
 
     q_spec = P(None, axis, None)
     kv_spec = P(None, None, axis, None, None)

@@ -5,7 +5,7 @@
     tokenizer = AutoTokenizer.from_pretrained(resolved.tokenizer_source,
                                               **resolved.tokenizer_kwargs)
 
-``model`` is a :class:`models.runtime.CausalLM` (``info``, ``forward``,
+``model`` is a :class:`pagedjax.models.runtime.CausalLM` (``info``, ``forward``,
 ``compute_logits``, ``allocate_kv_caches``) over a Flax NNX module; ``params``
 is the module's state as a nested dict of jnp arrays.
 
@@ -23,21 +23,21 @@ import os
 import jax
 import jax.numpy as jnp
 
-from models.base import AttentionMetadata, ExecutionPlan, ModelInfo  # noqa: F401
-from models.common import DecoderLM  # noqa: F401
-from models.runtime import CausalLM, model_weight_bytes  # noqa: F401
+from pagedjax.models.base import AttentionMetadata, ExecutionPlan, ModelInfo  # noqa: F401
+from pagedjax.models.common import DecoderLM  # noqa: F401
+from pagedjax.models.runtime import CausalLM, model_weight_bytes  # noqa: F401
 
 # HF ``architectures[0]`` -> the NNX module class, or "module:Class" (built-ins,
 # imported on first use).
 REGISTRY: dict = {
-    "LlamaForCausalLM": "models.llama:LlamaForCausalLM",
-    "MistralForCausalLM": "models.llama:MistralForCausalLM",
-    "Qwen2ForCausalLM": "models.qwen2:Qwen2ForCausalLM",
-    "GPT2LMHeadModel": "models.gpt2:GPT2LMHeadModel",
-    "OPTForCausalLM": "models.opt:OPTForCausalLM",
-    "Gemma3ForCausalLM": "models.gemma3:Gemma3ForCausalLM",
-    "Qwen3ForCausalLM": "models.qwen2:Qwen3ForCausalLM",
-    "Phi3ForCausalLM": "models.phi3:Phi3ForCausalLM",
+    "LlamaForCausalLM": "pagedjax.models.llama:LlamaForCausalLM",
+    "MistralForCausalLM": "pagedjax.models.llama:MistralForCausalLM",
+    "Qwen2ForCausalLM": "pagedjax.models.qwen2:Qwen2ForCausalLM",
+    "GPT2LMHeadModel": "pagedjax.models.gpt2:GPT2LMHeadModel",
+    "OPTForCausalLM": "pagedjax.models.opt:OPTForCausalLM",
+    "Gemma3ForCausalLM": "pagedjax.models.gemma3:Gemma3ForCausalLM",
+    "Qwen3ForCausalLM": "pagedjax.models.qwen2:Qwen3ForCausalLM",
+    "Phi3ForCausalLM": "pagedjax.models.phi3:Phi3ForCausalLM",
 }
 
 
@@ -145,7 +145,7 @@ def _default_gguf() -> str:
 
 
 def _read_config(path: str, gguf_file: str | None) -> dict:
-    from models import loader
+    from pagedjax.models import loader
 
     if gguf_file is None:
         return loader.load_hf_config(path)
@@ -194,7 +194,7 @@ def build_model(resolved: ResolvedModel, dtype="auto") -> CausalLM:
 
 
 def open_checkpoint(resolved: ResolvedModel):
-    from models import loader
+    from pagedjax.models import loader
 
     if resolved.gguf_file:
         return loader.open_gguf(os.path.join(resolved.path, resolved.gguf_file))
@@ -204,7 +204,7 @@ def open_checkpoint(resolved: ResolvedModel):
 def prepare(resolved: ResolvedModel, dtype="auto", quantization: str | None = None):
     """-> (model, host state): the model with its quantized weights chosen, and
     its state as host numpy arrays (memory-mapped where the format allows)."""
-    from models import weights
+    from pagedjax.models import weights
 
     m = build_model(resolved, dtype)
     ckpt = open_checkpoint(resolved)

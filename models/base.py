@@ -1,6 +1,6 @@
 """The interface every model module implements, and the per-step attention metadata.
 
-The engine (``pagedjax/runner.py``) only talks to models through this file:
+The engine (``pagedjax/worker/runner.py``) only talks to models through this file:
 
     model, params = models.load_model("SmolLM2-135M-Instruct", dtype="float32")
     kv_caches = model.allocate_kv_caches(num_pages, page_size, kv_cache_dtype)
@@ -53,9 +53,9 @@ class ExecutionPlan:
     attn_backend        kernels_pallas backend of every layer: "xla",
                         "cpu_native", "pallas_gpu", "pallas_tpu"
     native_matmul_rows  float32 matmuls with at most this many rows run the
-                        C++ CPU kernel (kernels_pallas.cpu_native.matmul), and
+                        C++ CPU kernel (pagedjax.kernels_pallas.cpu.native.matmul), and
                         their products with int8 weights the C++ int8 kernel
-                        (kernels_pallas.cpu_qmatmul) on one device; 0: never
+                        (pagedjax.kernels_pallas.cpu.qmatmul) on one device; 0: never
     mesh, tp_axis       tensor parallelism: the custom kernels (everything but
                         "xla") run per device through shard_map over KV heads
     attention_fn        replaces kernels_pallas.ragged_paged_attention (same

@@ -12,8 +12,8 @@ An architecture is a Flax NNX module (subclass of :class:`DecoderLM`):
     weight_map() -> {param path: WeightSpec}         HF checkpoint names of every parameter
     info: ModelInfo                                  set in __init__
 
-``models.runtime.CausalLM`` splits it into a graph and a parameter state and
-runs it as a pure function. Parameters carry logical axes (``models.nn.param``).
+``pagedjax.models.runtime.CausalLM`` splits it into a graph and a parameter state and
+runs it as a pure function. Parameters carry logical axes (``pagedjax.models.nn.param``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from models.base import DEFAULT_PLAN, AttentionMetadata, ExecutionPlan, ModelInfo
+from pagedjax.models.base import DEFAULT_PLAN, AttentionMetadata, ExecutionPlan, ModelInfo
 
 GetTensor = Callable[[str], np.ndarray]
 

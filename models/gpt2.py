@@ -20,10 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from models import layers as L
-from models import nn
-from models.base import DEFAULT_PLAN, AttentionMetadata, ExecutionPlan
-from models.common import ConfigReader, DecoderLM, WeightSpec, hf, make_info
+from pagedjax.models import layers as L
+from pagedjax.models import nn
+from pagedjax.models.base import DEFAULT_PLAN, AttentionMetadata, ExecutionPlan
+from pagedjax.models.common import ConfigReader, DecoderLM, WeightSpec, hf, make_info
 
 
 class GPT2Block(nnx.Module):

@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import kernels_pallas
-from models.base import DEFAULT_PLAN, ExecutionPlan
+import pagedjax.kernels_pallas as kernels_pallas
+from pagedjax.models.base import DEFAULT_PLAN, ExecutionPlan
 
 
 # ----------------------------------------------------------------------------- norms
@@ -143,8 +143,8 @@ def activation(name: str) -> Callable[[jax.Array], jax.Array]:
 # Decode steps multiply a handful of rows by every weight, where XLA:CPU's
 # GEMM runs well below the memory-bandwidth limit; the runner's plan routes
 # float32 matmuls of at most ``plan.native_matmul_rows`` rows to the C++ kernel
-# (kernels_pallas/cpu_matmul.cc) on the cpu_native backend, and the same rows'
-# products with int8 weights to the C++ int8 kernel (kernels_pallas/cpu_qmatmul.cc).
+# (kernels_pallas/cpu/matmul.cc) on the cpu_native backend, and the same rows'
+# products with int8 weights to the C++ int8 kernel (kernels_pallas/cpu/qmatmul.cc).
 
 
 def _native(x: jax.Array, w: jax.Array, plan: ExecutionPlan) -> bool:
@@ -162,9 +162,9 @@ def native_int8(x: jax.Array, plan: ExecutionPlan) -> bool:
 def int8_matmul(x: jax.Array, q: jax.Array, scale: jax.Array, *,
                 transposed: bool = False) -> jax.Array:
     """``(x [T, In] @ q [In, ...Out]) * scale [...Out]`` in the C++ int8 kernel
-    (kernels_pallas/cpu_qmatmul.cc), or ``x @ q[Out, In].T * scale[Out]`` when
+    (kernels_pallas/cpu/qmatmul.cc), or ``x @ q[Out, In].T * scale[Out]`` when
     ``transposed`` (the tied LM head) -> ``[T, ...Out]``."""
-    from kernels_pallas import cpu_qmatmul
+    from pagedjax.kernels_pallas.cpu import qmatmul as cpu_qmatmul
 
     if transposed:
         return cpu_qmatmul.qmatmul(x, q, scale, transposed=True)
@@ -177,7 +177,7 @@ def matmul(x: jax.Array, w: jax.Array, plan: ExecutionPlan = DEFAULT_PLAN, *,
     """``x [T, In] @ w [In, ...Out]`` -> ``[T, ...Out]``, or ``x @ w[Out, In].T``
     when ``transposed``."""
     if _native(x, w, plan):
-        from kernels_pallas import cpu_native
+        from pagedjax.kernels_pallas.cpu import native as cpu_native
 
         w2 = w if transposed else w.reshape(w.shape[0], -1)
         y = cpu_native.matmul(x, w2, transposed=transposed)

@@ -21,11 +21,19 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models import layers as L
-from models import nn
-from models.base import DEFAULT_PLAN, AttentionMetadata, ExecutionPlan
-from models.common import (ConfigReader, DecoderLM, hf, hf_fused, hf_linear, make_info,
-                           pack_gate_up, qkv_spec)
+from pagedjax.models import layers as L
+from pagedjax.models import nn
+from pagedjax.models.base import DEFAULT_PLAN, AttentionMetadata, ExecutionPlan
+from pagedjax.models.common import (
+    ConfigReader,
+    DecoderLM,
+    hf,
+    hf_fused,
+    hf_linear,
+    make_info,
+    pack_gate_up,
+    qkv_spec,
+)
 
 
 class LlamaLayer(nnx.Module):

@@ -1,9 +1,9 @@
 """Checkpoint readers: HF safetensors folders and GGUF files -> HF-named numpy tensors.
 
 Both readers expose the same thing, a :class:`Checkpoint`: an HF-style config
-dict plus ``get(hf_name) -> np.ndarray`` in PyTorch layouts. Each model's
-``params_from_hf`` then packs those into its parameter tree, so one mapping per
-architecture serves both formats. No torch anywhere.
+dict plus ``get(hf_name) -> np.ndarray`` in PyTorch layouts. ``pagedjax.models.weights``
+then packs those into a model's parameter tree, so one mapping per architecture
+serves both formats. No torch anywhere.
 
 * Safetensors are memory-mapped and parsed here (8-byte header length, JSON
   header, raw little-endian data); ``bfloat16`` and ``float8`` come from
@@ -331,7 +331,7 @@ def open_gguf(path: str) -> Checkpoint:
         return w
 
     def get_raw(name: str) -> tuple[str, dict]:
-        from models import quant
+        from pagedjax.models import quant
 
         t = tensor(name)
         kind = quant.GGUF_KINDS[qtype(name)]

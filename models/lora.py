@@ -1,6 +1,6 @@
 """LoRA adapters inside the model: a fixed device slot table per target projection.
 
-Every targeted :class:`models.nn.Linear` (kernel ``[In, *Out]``) gets a
+Every targeted :class:`pagedjax.models.nn.Linear` (kernel ``[In, *Out]``) gets a
 :class:`LoRATable` with one slot per adapter the engine keeps on the device:
 
     a [N, In, R]      the slots' A matrices (PEFT ``lora_A.weight`` transposed)
@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from models import nn
+from pagedjax.models import nn
 
 # PEFT module names a projection may be built from: q/k/v/o and the MLP, and the
 # fused forms some checkpoints store (Phi-3).

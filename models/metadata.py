@@ -13,7 +13,7 @@ from typing import Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from models.base import AttentionMetadata
+from pagedjax.models.base import AttentionMetadata
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Flax NNX building blocks of the models: weights with logical axes, thin layers.
 
 Every parameter is declared with its logical axes (``param(shape, dtype,
-axes)``); ``pagedjax/sharding.py`` maps logical axes to the ``tp`` mesh axis
+axes)``); ``pagedjax/distributed/sharding.py`` maps logical axes to the ``tp`` mesh axis
 with one table (``LOGICAL_AXIS_RULES``). The names used here:
 
     embed      the hidden size H (replicated)
@@ -24,10 +24,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-import kernels_pallas
-from models import layers as L
-from models import quant as Q
-from models.base import DEFAULT_PLAN, AttentionMetadata, ExecutionPlan
+import pagedjax.kernels_pallas as kernels_pallas
+from pagedjax.models import layers as L
+from pagedjax.models import quant as Q
+from pagedjax.models.base import DEFAULT_PLAN, AttentionMetadata, ExecutionPlan
 
 Axes = tuple[str | None, ...]
 
@@ -93,7 +93,7 @@ class Linear(nnx.Module):
         out_shape = (out_shape,) if isinstance(out_shape, int) else tuple(out_shape)
         self.kernel = param((in_features, *out_shape), dtype, axes)
         self.bias = param(out_shape, dtype, axes[1:]) if bias else None
-        self.lora = None  # a models.lora.LoRATable when LoRA serving is on
+        self.lora = None  # a pagedjax.models.lora.LoRATable when LoRA serving is on
 
     def __call__(self, x: jax.Array, plan: ExecutionPlan = DEFAULT_PLAN,
                  lora_slots: jax.Array | None = None) -> jax.Array:

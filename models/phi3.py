@@ -21,10 +21,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from models import layers as L
-from models.base import DEFAULT_PLAN, AttentionMetadata, ExecutionPlan
-from models.common import ConfigReader, WeightSpec, hf_linear, pack_gate_up, pack_qkv
-from models.llama import LlamaForCausalLM
+from pagedjax.models import layers as L
+from pagedjax.models.base import DEFAULT_PLAN, AttentionMetadata, ExecutionPlan
+from pagedjax.models.common import ConfigReader, WeightSpec, hf_linear, pack_gate_up, pack_qkv
+from pagedjax.models.llama import LlamaForCausalLM
 
 
 class Phi3ForCausalLM(LlamaForCausalLM):

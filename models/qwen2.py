@@ -12,8 +12,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import nnx
 
-from models.common import ConfigReader
-from models.llama import LlamaForCausalLM
+from pagedjax.models.common import ConfigReader
+from pagedjax.models.llama import LlamaForCausalLM
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):

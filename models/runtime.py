@@ -20,10 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-import kernels_pallas
-from models import nn
-from models.base import DEFAULT_PLAN, AttentionMetadata, ExecutionPlan, ModelInfo
-from models.common import GetTensor, WeightSpec
+import pagedjax.kernels_pallas as kernels_pallas
+from pagedjax.models import nn
+from pagedjax.models.base import DEFAULT_PLAN, AttentionMetadata, ExecutionPlan, ModelInfo
+from pagedjax.models.common import GetTensor, WeightSpec
 
 
 def path_str(path) -> str:
@@ -39,7 +39,7 @@ class CausalLM:
         self.config = dict(config)
         self.dtype = jnp.dtype(dtype)
         self.quantized = dict(quantized or {})
-        self.lora = lora  # models.lora.LoRASpec | None: slot tables on the target projections
+        self.lora = lora  # pagedjax.models.lora.LoRASpec | None: slot tables on the target projections
         self.architecture = getattr(module_cls, "architecture", module_cls.__name__)
         self.lora_targets = []
 
@@ -47,7 +47,7 @@ class CausalLM:
             m = module_cls(self.config, dtype=self.dtype, rngs=nnx.Rngs(0))
             m = nn.quantize_weights(m, self.quantized) if self.quantized else m
             if lora is not None:
-                from models import lora as lora_mod
+                from pagedjax.models import lora as lora_mod
 
                 self.lora_targets = lora_mod.find_targets(m, m.weight_map())
                 lora_mod.attach(m, self.lora_targets, lora)
@@ -64,9 +64,9 @@ class CausalLM:
         return CausalLM(self.module_cls, self.config, self.dtype, quantized=kinds, lora=self.lora)
 
     def with_lora(self, spec) -> "CausalLM":
-        """The same model with LoRA slot tables (``models.lora.LoRASpec``) on every
+        """The same model with LoRA slot tables (``pagedjax.models.lora.LoRASpec``) on every
         projection an adapter can target; ValueError if the architecture has none."""
-        from models import lora as lora_mod
+        from pagedjax.models import lora as lora_mod
 
         if not lora_mod.supports_lora(self.module_cls):
             raise ValueError(f"enable_lora: {self.architecture} does not support LoRA adapters "
@@ -126,13 +126,6 @@ class CausalLM:
             return tuple(a) if a else (None,) * len(v.shape)
         flat = nnx.to_flat_state(self.abstract_state)
         return nnx.traversals.unflatten_mapping({tuple(p): axes(v) for p, v in flat})
-
-    def params_from_hf(self, get: GetTensor) -> dict:
-        """HF tensors -> the state as a nested dict of host numpy arrays (float weights;
-        see models.weights.load_host_state for quantized ones)."""
-        from models import weights
-
-        return weights.host_state(self, get)
 
     # -- scanned layers ---------------------------------------------------------------
     # One compiled layer body run num_layers times (lax.scan) instead of

@@ -1,11 +1,11 @@
 """Checkpoint tensors -> a model's state (host numpy), quantized or not.
 
 The module's ``weight_map()`` names the HF tensors of every parameter; this
-file fetches them through a :class:`models.loader.Checkpoint`, checks each
+file fetches them through a :class:`pagedjax.models.loader.Checkpoint`, checks each
 shape against the abstract module, and (for weights kept quantized) either
 quantizes floats to int8 or carries GGUF blocks over, repacked. Device
 placement (whole, or straight into shards) happens in ``models.load_model``
-and ``pagedjax.sharding.load_sharded``.
+and ``pagedjax.distributed.sharding.load_sharded``.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 from flax import nnx
 
-from models import nn
-from models import quant as Q
-from models.runtime import CausalLM, path_str
+from pagedjax.models import nn
+from pagedjax.models import quant as Q
+from pagedjax.models.runtime import CausalLM, path_str
 
 QUANTIZATION_CHOICES = (None, "int8", "gguf")
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 _LAZY = {
-    "LLM": ("pagedjax.llm", "LLM"),
-    "AsyncLLM": ("pagedjax.async_llm", "AsyncLLM"),
-    "LLMEngine": ("pagedjax.engine", "LLMEngine"),
+    "LLM": ("pagedjax.entrypoints.llm", "LLM"),
+    "AsyncLLM": ("pagedjax.engine.async_llm", "AsyncLLM"),
+    "LLMEngine": ("pagedjax.engine.llm_engine", "LLMEngine"),
     "EngineArgs": ("pagedjax.config", "EngineArgs"),
     "SamplingParams": ("pagedjax.sampling_params", "SamplingParams"),
     "BeamSearchParams": ("pagedjax.sampling_params", "BeamSearchParams"),

@@ -20,7 +20,7 @@ def smollm2_gguf() -> str:
 @pytest.fixture(scope="session")
 def smollm2_tokenizer(smollm2_gguf):
     """The default model's tokenizer (byte-level BPE, 49,152 tokens), built from its GGUF."""
-    from pagedjax.tokenizer import load_tokenizer
+    from pagedjax.engine.tokenizer import load_tokenizer
 
     return load_tokenizer(os.path.dirname(smollm2_gguf), gguf_file=os.path.basename(smollm2_gguf))
 

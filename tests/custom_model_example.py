@@ -17,10 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-import models
-from models import layers as L
-from models import nn
-from models.common import DecoderLM, hf, hf_linear, make_info, qkv_spec
+import pagedjax.models as models
+from pagedjax.models import layers as L
+from pagedjax.models import nn
+from pagedjax.models.common import DecoderLM, hf, hf_linear, make_info, qkv_spec
 
 
 class MyBlock(nnx.Module):

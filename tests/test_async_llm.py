@@ -154,7 +154,7 @@ def test_bad_request_raises_value_error(allm):
 def test_step_fault_fails_only_scheduled_requests(allm, reference):
     async def main():
         allm.inject_step_fault("step")
-        from pagedjax.async_llm import EngineStepError
+        from pagedjax.engine.async_llm import EngineStepError
 
         with pytest.raises(EngineStepError, match="injected"):
             await _collect(allm, PROMPTS[0], _params(RequestOutputKind.DELTA), "fault")
@@ -167,7 +167,7 @@ def test_step_fault_fails_only_scheduled_requests(allm, reference):
 
 
 def test_engine_thread_death(smollm2_gguf):
-    from pagedjax.async_llm import EngineDeadError
+    from pagedjax.engine.async_llm import EngineDeadError
 
     llm = AsyncLLM.from_engine(_small_engine())
     died = []
@@ -198,7 +198,7 @@ def _small_engine():
 def test_slow_consumer_gets_merged_deltas():
     """Deltas put while the consumer is busy merge into one pending output: nothing is
     lost and nothing queues; a cumulative stream keeps only the newest output."""
-    from pagedjax.output_stream import RequestStream
+    from pagedjax.engine.output_stream import RequestStream
     from pagedjax.outputs import CompletionOutput, RequestOutput
 
     def out(text, ids, finished=False, plp=None):

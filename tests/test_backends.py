@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax
 import pytest
 
-from kernels_pallas import resolve_backend
+from pagedjax.kernels_pallas import resolve_backend
 from pagedjax import LLM, SamplingParams
 
 PROMPTS = ["The capital of France is", "def add(a, b):\n    return"]

@@ -21,7 +21,7 @@ transformers = pytest.importorskip("transformers")
 
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory, smollm2_gguf):
-    from pagedjax.tokenizer import load_tokenizer
+    from pagedjax.engine.tokenizer import load_tokenizer
 
     cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128,
                                    num_hidden_layers=2, num_attention_heads=4,

@@ -4,9 +4,9 @@ import random
 
 import pytest
 
-from pagedjax.byte_detokenizer import ByteDetokenizer, byte_table
-from pagedjax.detokenizer import IncrementalDetokenizer, rust_backend
-from pagedjax.output_processor import OutputProcessor
+from pagedjax.engine.byte_detokenizer import ByteDetokenizer, byte_table
+from pagedjax.engine.detokenizer import IncrementalDetokenizer, rust_backend
+from pagedjax.engine.output_processor import OutputProcessor
 from pagedjax.sampling_params import SamplingParams
 
 from tests.test_tokenizer import TEXTS

@@ -1,4 +1,4 @@
-"""The per-machine row limit of the C++ few-row matmul (kernels_pallas/cpu_matmul_rows.py):
+"""The per-machine row limit of the C++ few-row matmul (kernels_pallas/cpu/matmul_rows.py):
 the choice from timings, its cache beside the kernel build, the environment override,
 and the execution plan that uses it."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import jax
 import pytest
 
-from kernels_pallas import cpu_matmul_rows as cmr
-from kernels_pallas import cpu_native
+from pagedjax.kernels_pallas.cpu import matmul_rows as cmr
+from pagedjax.kernels_pallas.cpu import native as cpu_native
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu",
                                 reason="the C++ matmul runs on the CPU platform")
@@ -103,7 +103,7 @@ def test_real_measurement_gives_a_candidate_and_is_cached(tmp_path, monkeypatch)
 
 def _plan_rows(env: dict) -> list[int]:
     """make_plan's matmul row limits in a fresh process: cpu_native twice, then xla."""
-    code = ("from pagedjax.runner import make_plan\n"
+    code = ("from pagedjax.worker.runner import make_plan\n"
             "print(make_plan('cpu_native').native_matmul_rows, make_plan('cpu_native')"
             ".native_matmul_rows, make_plan('xla').native_matmul_rows)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -1,4 +1,4 @@
-"""The C++ CPU attention kernel (kernels_pallas/cpu_native.py): build, fallbacks,
+"""The C++ CPU attention kernel (kernels_pallas/cpu/native.py): build, fallbacks,
 random ragged batches against the naive loop, batch invariance.
 
 test_kernels.py runs it through the shared kernel cases (dtypes, head dims,
@@ -19,7 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kernels_pallas import cpu_native, reference
+from pagedjax.kernels_pallas.cpu import native as cpu_native
+from pagedjax.kernels_pallas import reference
 from tests.test_reference import make_case
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu",
@@ -171,8 +172,8 @@ def test_matmul_rows_do_not_depend_on_the_batch():
 
 def test_model_steps_use_the_native_matmul_only_for_few_rows():
     """The execution plan routes matmuls of <= native_matmul_rows rows to the custom call."""
-    from models import layers as L
-    from models.base import ExecutionPlan
+    from pagedjax.models import layers as L
+    from pagedjax.models.base import ExecutionPlan
 
     x16 = jnp.ones((16, 64), jnp.float32)
     x17 = jnp.ones((17, 64), jnp.float32)

@@ -1,4 +1,4 @@
-"""The C++ int8-weight few-row matmul (kernels_pallas/cpu_qmatmul.cc).
+"""The C++ int8-weight few-row matmul (kernels_pallas/cpu/qmatmul.cc).
 
 * ``(x @ q) * scale`` and ``(x @ q.T) * scale`` match numpy (float64) within
   1e-4 * sqrt(K) for odd shapes: K and N past the 16-column / 4-row tiles, K
@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels_pallas import cpu_native, cpu_qmatmul
+from pagedjax.kernels_pallas.cpu import native as cpu_native, qmatmul as cpu_qmatmul
 from tests.test_cpu_native import _flag_id, build_path
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu",
@@ -147,7 +147,7 @@ def test_instruction_set_paths_give_the_same_bits():
 
 # ------------------------------------------------------------- in the models
 def _plan(rows, mesh=None):
-    from models.base import ExecutionPlan
+    from pagedjax.models.base import ExecutionPlan
 
     return ExecutionPlan(attn_backend="cpu_native", native_matmul_rows=rows, mesh=mesh)
 
@@ -156,7 +156,7 @@ def test_int8_weights_take_the_kernel_exactly_where_the_plan_says():
     """Linear kernels and the tied LM head (Embed.attend) with int8 weights: the custom
     call for <= native_matmul_rows float32 rows on one device, never above that, with
     rows 0, in bfloat16 or under a mesh (today's jnp paths)."""
-    from models import nn
+    from pagedjax.models import nn
 
     rng = np.random.default_rng(2)
     lin = nn.Linear(64, (2, 24), ("embed", None, "mlp"))
@@ -165,7 +165,7 @@ def test_int8_weights_take_the_kernel_exactly_where_the_plan_says():
     nn.quantize_weights(emb, {("embedding",): "int8"})
     wk = rng.standard_normal((64, 2, 24), np.float32)
     we = rng.standard_normal((40, 64), np.float32)
-    from models import quant as Q
+    from pagedjax.models import quant as Q
     for mod, attr, w, axis in ((lin, "kernel", wk, 0), (emb, "embedding", we, -1)):
         for name, a in Q.quantize_int8(w, axis).items():
             getattr(getattr(mod, attr), name)[...] = jnp.asarray(a)
@@ -197,7 +197,7 @@ def smollm2_shaped_int8(tmp_path_factory):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    import models
+    import pagedjax.models as models
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=4096, hidden_size=576, intermediate_size=1536,
@@ -224,7 +224,7 @@ TOL = 2e-4  # of max(1, max |logit|): only the order of the float sums differs
 
 def _greedy(model, params, prompt, steps, plan):
     """Logits of the prompt's last row and of each decode step (one row), greedy tokens."""
-    from models.metadata import SeqChunk, build_metadata
+    from pagedjax.models.metadata import SeqChunk, build_metadata
 
     page_size, pages = 16, [1, 2]
     caches = model.allocate_kv_caches(len(pages) + 1, page_size)

@@ -1,4 +1,4 @@
-"""The C++ sampler (kernels_pallas/cpu_sampler.cc) against numpy references.
+"""The C++ sampler (kernels_pallas/cpu/sampler.cc) against numpy references.
 
 tests/test_sampler.py runs every token-drawing test on both draw paths; here:
 the native draw's distribution against a numpy reference (chi-square, fixed
@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels_pallas import cpu_native, cpu_sampler
-from pagedjax.sampler import RowState, build_sampling_tensors, sample_jit
+from pagedjax.kernels_pallas.cpu import native as cpu_native, sampler as cpu_sampler
+from pagedjax.sample.sampler import RowState, build_sampling_tensors, sample_jit
 from pagedjax.sampling_params import SamplingParams as SP
 from tests.test_cpu_native import _flag_id, build_path
 

@@ -13,8 +13,8 @@ import pytest
 import jax
 import jax.numpy as jnp
 
-import models
-from models.metadata import SeqChunk, build_metadata
+import pagedjax.models as models
+from pagedjax.models.metadata import SeqChunk, build_metadata
 from tests import custom_model_example as ex
 
 

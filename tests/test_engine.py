@@ -330,7 +330,7 @@ def test_startup_heap_frozen_once(llm_small_pool):
     again over it (nor over a freeze the application made)."""
     import gc
 
-    from pagedjax.startup import freeze_startup_heap
+    from pagedjax.engine.startup import freeze_startup_heap
 
     frozen = gc.get_freeze_count()
     assert frozen > 10_000  # modules, the model and the tokenizer of the fixture's engine

@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 
-import kernels_pallas
+import pagedjax.kernels_pallas as kernels_pallas
 
 
 def test_this_jax_has_the_triton_lowering():

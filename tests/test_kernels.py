@@ -19,8 +19,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import kernels_pallas
-from kernels_pallas import cpu_native, mosaic_tpu, reference, triton_gpu
+import pagedjax.kernels_pallas as kernels_pallas
+from pagedjax.kernels_pallas.cpu import native as cpu_native
+from pagedjax.kernels_pallas.pallas import mosaic_tpu
+from pagedjax.kernels_pallas import reference
+from pagedjax.kernels_pallas.pallas import triton_gpu
 from tests.test_reference import MIXED, make_case, ref_attention
 
 NATIVE = os.environ.get("PAGEDJAX_KERNEL_NATIVE") == "1"

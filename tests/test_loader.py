@@ -22,9 +22,9 @@ gguf = pytest.importorskip("gguf")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-import models  # noqa: E402
-from models import loader  # noqa: E402
-from models.metadata import SeqChunk, build_metadata  # noqa: E402
+import pagedjax.models as models  # noqa: E402
+from pagedjax.models import loader  # noqa: E402
+from pagedjax.models.metadata import SeqChunk, build_metadata  # noqa: E402
 
 VOCAB, HIDDEN, HEADS, KV_HEADS, LAYERS, FFN = 96, 64, 4, 2, 2, 96
 Q = gguf.GGMLQuantizationType
@@ -257,7 +257,7 @@ def test_runs_without_torch(tiny_llama):
     code = _BLOCK_TORCH + textwrap.dedent(f"""
         import pagedjax, models, kernels_pallas
         import jax.numpy as jnp
-        from models.metadata import SeqChunk, build_metadata
+        from pagedjax.models.metadata import SeqChunk, build_metadata
         for src in ({folder!r}, {path!r}):
             model, params = models.load_model(src, dtype="float32")
             meta = build_metadata([SeqChunk([1, 2], 0, 5)], 4)

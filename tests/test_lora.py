@@ -19,9 +19,9 @@ pytest.importorskip("peft")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-import models  # noqa: E402
-from models.lora import LoRASpec  # noqa: E402
-from models.metadata import SeqChunk, build_metadata  # noqa: E402
+import pagedjax.models as models  # noqa: E402
+from pagedjax.models.lora import LoRASpec  # noqa: E402
+from pagedjax.models.metadata import SeqChunk, build_metadata  # noqa: E402
 from pagedjax.lora.adapter import load_adapter  # noqa: E402
 from pagedjax.lora.device import SlotWriter, init_tables  # noqa: E402
 from tests.lora_utils import make_adapter, tiny_hf_model, torch_logits  # noqa: E402

@@ -32,7 +32,7 @@ def _generate(base: str, adapters: dict, tp: int) -> dict:
     import numpy as np
 
     from pagedjax import LLM, LoRARequest, SamplingParams
-    from pagedjax.sharding import path_str
+    from pagedjax.distributed.sharding import path_str
 
     llm = LLM(base, tensor_parallel_size=tp, dtype="float32", page_size=4, max_model_len=64,
               max_num_seqs=4, max_num_batched_tokens=32, num_pages=40, seed=0,

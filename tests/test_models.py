@@ -16,10 +16,10 @@ transformers = pytest.importorskip("transformers")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-import kernels_pallas  # noqa: E402
-import models  # noqa: E402
-from models.base import ExecutionPlan  # noqa: E402
-from models.metadata import SeqChunk, build_metadata  # noqa: E402
+import pagedjax.kernels_pallas as kernels_pallas  # noqa: E402
+import pagedjax.models as models  # noqa: E402
+from pagedjax.models.base import ExecutionPlan  # noqa: E402
+from pagedjax.models.metadata import SeqChunk, build_metadata  # noqa: E402
 
 RTOL_SCALE = 2e-4
 VOCAB = 96

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from pagedjax.output_processor import CoreOutput, OutputProcessor, SeqUpdate
+from pagedjax.engine.output_processor import CoreOutput, OutputProcessor, SeqUpdate
 from pagedjax.sampling_params import RequestOutputKind, SamplingParams
 
 from tests.test_tokenizer import TEXTS

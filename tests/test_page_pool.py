@@ -4,7 +4,7 @@ import pytest
 from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from pagedjax.page_pool import NULL_PAGE, OutOfPages, PagePool
+from pagedjax.core.page_pool import NULL_PAGE, OutOfPages, PagePool
 
 
 def test_null_page_never_handed_out():

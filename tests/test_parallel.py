@@ -33,7 +33,8 @@ MAX_TOKENS = 10
 def _generate(model, tp, tokenizer=None, prompts=PROMPTS, max_tokens=MAX_TOKENS, **kw):
     import jax
 
-    from pagedjax import LLM, SamplingParams, sharding
+    from pagedjax import LLM, SamplingParams
+    from pagedjax.distributed import sharding
 
     t0 = time.perf_counter()
     llm = LLM(model, tokenizer=tokenizer, tensor_parallel_size=tp, dtype="float32",
@@ -65,7 +66,7 @@ def _generate(model, tp, tokenizer=None, prompts=PROMPTS, max_tokens=MAX_TOKENS,
 def _replicated_paths(params):
     import jax
 
-    from pagedjax.sharding import path_str
+    from pagedjax.distributed.sharding import path_str
 
     flat = jax.tree_util.tree_flatten_with_path(params)[0]
     return sorted({path_str(p) for p, a in flat if a.sharding.is_fully_replicated})
@@ -90,8 +91,8 @@ def _sharded_pallas(backend):
     import jax.numpy as jnp
     import numpy as np
 
-    import kernels_pallas
-    from pagedjax import sharding
+    import pagedjax.kernels_pallas as kernels_pallas
+    from pagedjax.distributed import sharding
 
     rng = np.random.default_rng(0)
     hkv, g, d, ps, npages = 4, 2, 16, 4, 12

@@ -21,9 +21,9 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
-import models  # noqa: E402
-from models import quant as Q  # noqa: E402
-from models.metadata import SeqChunk, build_metadata  # noqa: E402
+import pagedjax.models as models  # noqa: E402
+from pagedjax.models import quant as Q  # noqa: E402
+from pagedjax.models.metadata import SeqChunk, build_metadata  # noqa: E402
 
 GT = gguf.GGMLQuantizationType
 TOL = 2e-4
@@ -146,7 +146,7 @@ def test_gguf_kept_quantized_memory_and_logits(smollm2):
     m_q, p_q = models.load_model(resolved=resolved, dtype="float32", quantization="gguf")
     kinds = set(m_q.quantized.values())
     assert kinds == {"q4_1", "q8_0"}  # the file's layer and embedding formats
-    reader = models.loader.gguf_reader(f"{resolved.path}/{resolved.gguf_file}")
+    reader = pagedjax.models.loader.gguf_reader(f"{resolved.path}/{resolved.gguf_file}")
     file_bytes = sum(int(t.n_bytes) for t in reader.tensors)
     ours = models.model_weight_bytes(p_q)
     assert abs(ours - file_bytes) <= 0.10 * file_bytes, (ours, file_bytes)
@@ -218,5 +218,5 @@ def test_kquants_through_a_model(tmp_path):
     assert set(m_q.quantized.values()) == {"q4_0", "q4_k", "q6_k"}
     ids = [int(i) for i in rng.integers(0, vocab, 9)]
     _assert_close(_logits(m_q, p_q, ids), _logits(m_f, p_f, ids), "k-quants kept vs dequantized")
-    file_bytes = sum(int(t.n_bytes) for t in models.loader.gguf_reader(path).tensors)
+    file_bytes = sum(int(t.n_bytes) for t in pagedjax.models.loader.gguf_reader(path).tensors)
     assert abs(models.model_weight_bytes(p_q) - file_bytes) <= 0.10 * file_bytes

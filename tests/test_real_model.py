@@ -20,8 +20,8 @@ transformers = pytest.importorskip("transformers")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-import models  # noqa: E402
-from models.metadata import SeqChunk, build_metadata  # noqa: E402
+import pagedjax.models as models  # noqa: E402
+from pagedjax.models.metadata import SeqChunk, build_metadata  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

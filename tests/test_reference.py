@@ -14,8 +14,8 @@ import numpy as np
 import jax.numpy as jnp
 import pytest
 
-from kernels_pallas import reference
-from kernels_pallas.kv_write import quantize
+from pagedjax.kernels_pallas import reference
+from pagedjax.kernels_pallas.kv_write import quantize
 
 QUANTIZED = ("int8", "fp8")
 KV_DTYPES = {
@@ -207,7 +207,7 @@ def test_check_args_names_argument(name, change):
 @pytest.mark.parametrize("quantized", [False, True])
 def test_copy_pages(layer_axis, quantized):
     """Copy-on-write copies whole pages (data and scales), of every layer when stacked."""
-    from kernels_pallas.kv_write import copy_pages
+    from pagedjax.kernels_pallas.kv_write import copy_pages
 
     rng = np.random.default_rng(0)
     shape = (6, 2, 2, 4, 8)  # [pages, 2, Hkv, page_size, D]

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from pagedjax import LLM, SamplingParams
-from pagedjax.runner import CompileCounter, Runner
-from models.base import ExecutionPlan
+from pagedjax.worker.runner import CompileCounter, Runner
+from pagedjax.models.base import ExecutionPlan
 
 
 def test_bucket_sizes_are_powers():
@@ -122,7 +122,7 @@ def _reference_prepare(rows, ps, t, s, p, token_src):
 
 @pytest.mark.parametrize("seed", range(4))
 def test_prepare_matches_row_by_row_reference(seed):
-    from pagedjax.scheduler import ScheduledRow
+    from pagedjax.core.scheduler import ScheduledRow
 
     class Info:
         vocab_size = 50
@@ -163,8 +163,8 @@ def test_page_tables_kept_between_steps_match_the_rows(seed, shared_lists):
     ``shared_lists``: the rows hold the sequences' own lists, as the scheduler's
     do, edited under its contract (grown in place, any other edit a new list);
     else each step's rows hold fresh copies."""
-    from pagedjax.page_table import PageTables
-    from pagedjax.scheduler import ScheduledRow
+    from pagedjax.worker.page_table import PageTables
+    from pagedjax.core.scheduler import ScheduledRow
 
     rng = random.Random(seed)
     tables = PageTables(width=16, capacity=10)
@@ -202,7 +202,7 @@ def test_page_tables_kept_between_steps_match_the_rows(seed, shared_lists):
 def test_pack_unpack_round_trip_inside_jit():
     import jax
 
-    from pagedjax.packing import pack, unpack
+    from pagedjax.worker.packing import pack, unpack
 
     tree = {"a": np.arange(6, dtype=np.int32).reshape(2, 3), "b": np.float32(2.5),
             "c": [np.array([True, False]), np.zeros((0, 4), np.int32)],

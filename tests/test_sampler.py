@@ -3,9 +3,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pagedjax.sampler import (TOPK_CAP, RowState, build_sampling_tensors, process_logits,
-                              prompt_logprobs, sample, sample_jit, sampling_probs)
-from kernels_pallas import cpu_sampler
+from pagedjax.sample.sampler import (
+    TOPK_CAP,
+    RowState,
+    build_sampling_tensors,
+    process_logits,
+    prompt_logprobs,
+    sample,
+    sample_jit,
+    sampling_probs,
+)
+from pagedjax.kernels_pallas.cpu import sampler as cpu_sampler
 from pagedjax.sampling_params import SamplingParams as SP
 
 V = 64
@@ -226,7 +234,7 @@ def test_static_columns_are_reused_only_for_the_same_rows():
     """StaticColumns hands the previous build's columns to a build whose rows' static
     tuples are the same, and rebuilds when a row, the padding or the order changes;
     every build equals the uncached one."""
-    from pagedjax.sampling_tensors import StaticColumns, static_row
+    from pagedjax.sample.metadata import StaticColumns, static_row
 
     params = [SP(temperature=0.8, top_p=0.9, seed=1), SP(temperature=0.0),
               SP(temperature=1.2, top_k=5, min_p=0.1, seed=7)]

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from pagedjax.request import Request, RequestStatus
-from pagedjax.scheduler import Scheduler, SchedulerOutput
+from pagedjax.core.request import Request, RequestStatus
+from pagedjax.core.scheduler import Scheduler, SchedulerOutput
 
 
 def sp(max_tokens=8, **kw):

@@ -1,9 +1,9 @@
-"""The core's per-sequence state (pagedjax/sequences.py): joining, forgetting, and
+"""The core's per-sequence state (pagedjax/engine/sequences.py): joining, forgetting, and
 the steady / plain views that the core's per-row loops trust without checks."""
 
-from pagedjax.request_sampling import RequestSampling
+from pagedjax.engine.request_sampling import RequestSampling
 from pagedjax.sampling_params import SamplingParams
-from pagedjax.sequences import Sequences
+from pagedjax.engine.sequences import Sequences
 
 
 def sampling(n=1, logprobs=None, keep_topk=False, history=False):

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from pagedjax.metrics import EngineMetrics
+from pagedjax.engine.metrics import EngineMetrics
 
 pytestmark = pytest.mark.slow
 

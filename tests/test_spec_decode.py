@@ -179,7 +179,7 @@ def test_rejection_sampler_keeps_target_distribution():
     """The device function alone: 20,000 rows with 2 proposals drawn from q."""
     import jax.numpy as jnp
 
-    from pagedjax import sampler as S
+    from pagedjax.sample import sampler as S
     from pagedjax.spec_decode import rejection as rj
 
     V, K, R = 6, 2, 20000

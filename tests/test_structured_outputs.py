@@ -16,7 +16,10 @@ import re
 import pytest
 
 from pagedjax import LLM, SamplingParams, StructuredOutputsParams
-from pagedjax.multihost import _params_from_json, _params_to_json  # noqa: F401 (roundtrip)
+from pagedjax.distributed.multihost import (  # noqa: F401 (roundtrip)
+    _params_from_json,
+    _params_to_json,
+)
 
 jsonschema = pytest.importorskip("jsonschema")
 

@@ -9,8 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from pagedjax.tokenizer import (IncrementalDetokenizer, StopChecker, apply_chat_template,
-                                bad_words_token_ids, load_tokenizer, tokenizer_from_gguf)
+from pagedjax.engine.tokenizer import (
+    IncrementalDetokenizer,
+    StopChecker,
+    apply_chat_template,
+    bad_words_token_ids,
+    load_tokenizer,
+    tokenizer_from_gguf,
+)
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -234,7 +240,7 @@ def test_gguf_tokenizer_loads_without_torch(smollm2_gguf, tmp_path, tok):
         else:
             raise SystemExit("torch was not hidden")
         assert importlib.util.find_spec("torch") is None
-        from pagedjax.tokenizer import load_tokenizer
+        from pagedjax.engine.tokenizer import load_tokenizer
         first = load_tokenizer({smollm2_gguf!r})
         again = load_tokenizer({smollm2_gguf!r})  # from the cache
         text = "The quick brown fox 🦊 jumps over the lazy dog. 日本語!"

@@ -1,4 +1,4 @@
-"""Warm-up (pagedjax/warmup.py): every program compiled once, from a thread pool,
+"""Warm-up (pagedjax/worker/warmup.py): every program compiled once, from a thread pool,
 then nothing compiles; the sampler's program sharing changes no token; the C++
 builds run on background threads.
 
@@ -14,8 +14,10 @@ import threading
 import numpy as np
 import pytest
 
-from pagedjax import LLM, SamplingParams, sampler, warmup
-from pagedjax.runner import CompileCounter
+from pagedjax import LLM, SamplingParams
+from pagedjax.sample import sampler
+from pagedjax.worker import warmup
+from pagedjax.worker.runner import CompileCounter
 
 KW = dict(max_model_len=128, max_num_seqs=8, max_num_batched_tokens=64, num_pages=40,
           page_size=16)
@@ -83,9 +85,9 @@ def test_warmup_rejects_bad_workers(tiny_llama_dir, smollm2_gguf):
 def test_sampler_rows_cover_prepare(tiny_llama_dir, smollm2_gguf):
     """Every (logits rows, sampling rows) pair a step of up to 2S sampling rows pads
     to is one warm-up compiles."""
-    from pagedjax.inputs import SampleRow
-    from pagedjax.sampler import RowState
-    from pagedjax.scheduler import ScheduledRow
+    from pagedjax.worker.inputs import SampleRow
+    from pagedjax.sample.sampler import RowState
+    from pagedjax.core.scheduler import ScheduledRow
 
     llm = LLM(tiny_llama_dir, tokenizer=smollm2_gguf, **KW)
     runner = llm.llm_engine.runner
@@ -104,8 +106,8 @@ def test_sampler_rows_cover_prepare(tiny_llama_dir, smollm2_gguf):
 
 
 def test_program_flags_share_the_native_program_and_keep_tokens():
-    from kernels_pallas import cpu_sampler
-    from pagedjax.sampler import RowState, build_sampling_tensors
+    from pagedjax.kernels_pallas.cpu import sampler as cpu_sampler
+    from pagedjax.sample.sampler import RowState, build_sampling_tensors
 
     if not cpu_sampler.available():
         pytest.fail(f"the C++ sampler must build here: {cpu_sampler.unavailable_reason()}")
@@ -129,7 +131,7 @@ def test_program_flags_share_the_native_program_and_keep_tokens():
 
 
 def test_library_builds_in_background(tmp_path, monkeypatch):
-    from kernels_pallas import cpu_native
+    from pagedjax.kernels_pallas.cpu import native as cpu_native
 
     monkeypatch.setenv("PAGEDJAX_CACHE_DIR", str(tmp_path))
     src = tmp_path / "bg_probe.cc"

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from pagedjax import multihost
+from pagedjax.distributed import multihost
 from pagedjax.config import EngineArgs
 
 

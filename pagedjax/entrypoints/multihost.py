@@ -1,7 +1,7 @@
 """``pagedjax serve|generate ... --coordinator-address ...``: a multi-host run.
 
 Starts jax.distributed; process 0 runs the command, the others build the same
-engine and follow it (``pagedjax.multihost``).
+engine and follow it (``pagedjax.distributed.multihost``).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 
 import jax
 
-from pagedjax import multihost
+from pagedjax.distributed import multihost
 
 
 def distributed_main(ns, coordinator_address=None, num_processes=None, process_id=None) -> int:
@@ -34,7 +34,7 @@ def distributed_main(ns, coordinator_address=None, num_processes=None, process_i
 
 def run_follower(engine_args, warmup: bool = False) -> int:
     """Build the same engine as the leader and follow it until it stops."""
-    from pagedjax.engine import LLMEngine
+    from pagedjax.engine.llm_engine import LLMEngine
 
     engine = LLMEngine(engine_args)
     if warmup:  # the leader compiles (and runs) the same warm-up steps

@@ -4,7 +4,7 @@ A PEFT adapter is ``adapter_config.json`` (``r``, ``lora_alpha``,
 ``target_modules``, ...) plus ``adapter_model.safetensors`` whose tensors are
 named ``base_model.model.<HF module>.lora_A.weight`` [r, in] and
 ``...lora_B.weight`` [out, r]. Each HF module must be one of the projections
-the model exposes (``models.lora.find_targets``); the result maps every target
+the model exposes (``pagedjax.models.lora.find_targets``); the result maps every target
 projection to its (A [In, R], B [R, *Out]) slot values, scaling folded into B.
 Anything pagedjax cannot serve exactly raises ValueError naming what to change.
 """
@@ -17,7 +17,7 @@ import os
 
 import numpy as np
 
-from models import lora as lora_mod
+from pagedjax.models import lora as lora_mod
 
 PREFIX = "base_model.model."
 CONFIG = "adapter_config.json"

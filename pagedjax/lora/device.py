@@ -26,7 +26,7 @@ def init_tables(model, params: dict, mesh=None) -> dict:
     shapes = model.param_shapes()
     specs = None
     if mesh is not None:
-        from pagedjax.sharding import param_specs
+        from pagedjax.distributed.sharding import param_specs
 
         specs = nnx.traversals.flatten_mapping(
             param_specs(model, mesh.devices.size),

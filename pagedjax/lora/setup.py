@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from models.lora import LoRASpec
+from pagedjax.models.lora import LoRASpec
 from pagedjax.lora.device import SlotWriter, init_tables
 from pagedjax.lora.manager import LoRAManager
 

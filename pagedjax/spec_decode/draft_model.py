@@ -32,12 +32,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels_pallas import copy_pages
-from pagedjax import sampler as sampler_mod
-from pagedjax.inputs import SampleRow, pow2, prepare
-from pagedjax.packing import pack, unpack
-from pagedjax.page_table import PageTables
-from pagedjax.scheduler import ScheduledRow
+from pagedjax.kernels_pallas import copy_pages
+from pagedjax.sample import sampler as sampler_mod
+from pagedjax.worker.inputs import SampleRow, pow2, prepare
+from pagedjax.worker.packing import pack, unpack
+from pagedjax.worker.page_table import PageTables
+from pagedjax.core.scheduler import ScheduledRow
 from pagedjax.spec_decode import rejection
 
 
@@ -64,7 +64,7 @@ class DraftModel:
 
     @classmethod
     def load(cls, spec, args, config, runner, info, scheduler) -> "DraftModel":
-        import models
+        import pagedjax.models as models
 
         try:
             model, params = models.load_model(spec.model, dtype=args.dtype)

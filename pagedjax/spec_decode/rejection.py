@@ -38,8 +38,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pagedjax import sampler as sampler_mod
-from pagedjax.sampler import SamplingTensors
+from pagedjax.sample import sampler as sampler_mod
+from pagedjax.sample.sampler import SamplingTensors
 
 ACCEPT_TAG = 1
 DRAFT_TAG = 2

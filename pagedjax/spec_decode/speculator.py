@@ -29,11 +29,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pagedjax import sampler as sampler_mod
-from pagedjax.inputs import LOGPROB_BUCKETS, SampleRow, pow2
-from pagedjax.packing import pack, unpack
-from pagedjax.request import Request
-from pagedjax.sampler import RowState
+from pagedjax.sample import sampler as sampler_mod
+from pagedjax.worker.inputs import LOGPROB_BUCKETS, SampleRow, pow2
+from pagedjax.worker.packing import pack, unpack
+from pagedjax.core.request import Request
+from pagedjax.sample.sampler import RowState
 from pagedjax.spec_decode import rejection
 from pagedjax.spec_decode.config import SpeculativeConfig
 from pagedjax.spec_decode.ngram import NgramProposer

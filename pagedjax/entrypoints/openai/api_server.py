@@ -98,7 +98,7 @@ def _on_engine_death(server: _Server, llm, state: ServerState):
 
 # ---------------------------------------------------------------------- CLI
 def add_server_args(p: argparse.ArgumentParser) -> None:
-    from pagedjax import multihost
+    from pagedjax.distributed import multihost
     from pagedjax.config import EngineArgs
 
     p.add_argument("--host", default="127.0.0.1",
@@ -161,10 +161,10 @@ def _app_config(ns: argparse.Namespace, names: list[str], metrics) -> AppConfig:
 
 
 def run_server(ns: argparse.Namespace) -> int:
-    from pagedjax.async_llm import AsyncLLM
+    from pagedjax.engine.async_llm import AsyncLLM
     from pagedjax.config import EngineArgs
-    from pagedjax.engine import LLMEngine
-    from pagedjax.metrics import EngineMetrics
+    from pagedjax.engine.llm_engine import LLMEngine
+    from pagedjax.engine.metrics import EngineMetrics
 
     if ns.enable_auto_tool_choice and not ns.tool_call_parser:
         raise ValueError("--enable-auto-tool-choice needs --tool-call-parser "

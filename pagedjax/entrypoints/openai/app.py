@@ -15,7 +15,7 @@ from typing import Optional
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from pagedjax.async_llm import AsyncLLM, EngineDeadError, EngineStepError
+from pagedjax.engine.async_llm import AsyncLLM, EngineDeadError, EngineStepError
 from pagedjax.entrypoints.openai import request_body as rb
 from pagedjax.entrypoints.openai import responses as R
 from pagedjax.entrypoints.openai.chat_render import DEFAULT_TIME_LIMIT_S
@@ -134,7 +134,7 @@ def build_app(llm: AsyncLLM, config: AppConfig, state: Optional[ServerState] = N
                               "content": {"text/plain": {"schema": {"type": "string"}}}},
                         **R.error_responses(401)})
     async def prom():
-        from pagedjax.metrics import CONTENT_TYPE_LATEST
+        from pagedjax.engine.metrics import CONTENT_TYPE_LATEST
 
         body = config.metrics.render() if config.metrics is not None else b""
         return Response(body, media_type=CONTENT_TYPE_LATEST)

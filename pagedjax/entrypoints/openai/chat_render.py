@@ -1,7 +1,7 @@
 """Chat prompts for the server: the model's template, or a user's with limits.
 
 Both run in AsyncLLM's worker pool, never on the event loop. The model's own
-template is trusted and goes through ``pagedjax.tokenizer.apply_chat_template``.
+template is trusted and goes through ``pagedjax.engine.tokenizer.apply_chat_template``.
 A ``chat_template`` sent by a client is untrusted: it is compiled in a
 sandboxed Jinja environment (no attribute access to internals, ``range``
 capped, arithmetic that would build huge values refused) and rendered under a
@@ -172,7 +172,7 @@ def render_chat_text(tokenizer, messages: list[dict], add_generation_prompt: boo
     ``tools`` (OpenAI's tool list) reaches the template as ``tools``, as with
     transformers' ``apply_chat_template(tools=...)``; a template that does not
     mention them renders without them."""
-    from pagedjax.tokenizer import apply_chat_template
+    from pagedjax.engine.tokenizer import apply_chat_template
 
     if chat_template is None:
         try:

@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 from typing import AsyncIterator, Optional
 
-from pagedjax.async_llm import AsyncLLM, EngineDeadError, EngineStepError
+from pagedjax.engine.async_llm import AsyncLLM, EngineDeadError, EngineStepError
 from pagedjax.entrypoints.openai.errors import OpenAIError, param_of
-from pagedjax.output_stream import RequestStream
+from pagedjax.engine.output_stream import RequestStream
 from pagedjax.sampling_params import SamplingParams
 
 

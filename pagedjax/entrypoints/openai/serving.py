@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator, Optional
 
-from pagedjax.async_llm import AsyncLLM
+from pagedjax.engine.async_llm import AsyncLLM
 from pagedjax.entrypoints.openai import formatting as fmt
 from pagedjax.entrypoints.openai.chat_render import DEFAULT_TIME_LIMIT_S, render_chat_ids
 from pagedjax.entrypoints.openai.chat_tools import ChoiceTools

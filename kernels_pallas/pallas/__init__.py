@@ -1,0 +1,1 @@
+"""Pallas paged-attention kernels for accelerators: Triton (NVIDIA GPU) and Mosaic (TPU)."""

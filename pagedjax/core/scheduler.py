@@ -1,0 +1,392 @@
+"""Token-budget scheduler (vLLM V1 rule), host side, no JAX.
+
+There are no prefill/decode phases: every request has `num_computed_tokens`
+catching up with `num_tokens`.  One `schedule()`:
+
+1. Running requests, oldest first, each get their pending tokens (normally 1;
+   the rest of a prompt when it was chunked), capped by the token budget.
+   Pages are allocated to cover start_pos + num_new; a shared page about to be
+   written is copied first (copy-on-write, emitted in `page_copies`).  When the
+   pool runs dry the newest running request (policy "priority": the lowest
+   priority, i.e. the largest `priority` value, then the latest arrival) is
+   preempted: pages freed, `num_computed_tokens = 0`, status PREEMPTED, put at
+   the front of the waiting queue to recompute prompt + outputs later.  If the
+   victim is the request being scheduled it simply waits.
+2. If nobody was preempted, waiting requests (FCFS, or by (priority, arrival)
+   under policy "priority") are admitted while the budget, `max_num_seqs` and
+   the pool allow; prefix-cache hits move `num_computed_tokens` ahead on
+   admission.  With chunked prefill off a request is admitted only when its
+   whole remaining prompt fits the budget.
+
+`schedule()` advances each row's `num_computed_tokens` at once and gives every
+row that samples a placeholder for its token (`Request.num_pending`), so the
+next step can be scheduled before this one's tokens are known (overlapped
+steps). A request whose placeholders already reach a length limit is not
+scheduled again; a preempted request with a placeholder waits for it.
+
+`update(output, sampled)` (``scheduler_update.py``) then applies the step's
+tokens: prefix-cache registration, n > 1 forks, stop rules, freeing pages.
+Finished requests leave the scheduler (`get_request` returns None afterwards);
+`update`, `abort_request` and `finish_request` hand them back to the engine.
+The rows, copies and the contract with the engine: ``scheduler_output.py``.
+
+Extras: `stats()` (PoolStats), `kv_waste()`, `num_running`, `num_waiting`
+(properties), `get_num_unfinished_requests()`, `pool` (the PagePool).
+"""
+
+from __future__ import annotations
+
+from pagedjax.core.page_pool import PagePool, PoolStats
+from pagedjax.core.request import Request, RequestStatus
+from pagedjax.core.scheduler_output import ScheduledRow, SchedulerOutput
+from pagedjax.core.scheduler_update import UpdateMixin
+from pagedjax.core.waiting_queue import WaitingQueue
+
+__all__ = ["ScheduledRow", "Scheduler", "SchedulerOutput"]
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class Scheduler(UpdateMixin):
+    """Token-budget scheduling (``schedule``, here) and result updates (``update``,
+    ``scheduler_update.py``) over one page pool."""
+
+    def __init__(self, num_pages: int, page_size: int, max_num_seqs: int,
+                 max_num_batched_tokens: int, max_model_len: int,
+                 enable_prefix_caching: bool = False, policy: str = "fcfs",
+                 enable_chunked_prefill: bool = True, admit=None) -> None:
+        for name, value in (("page_size", page_size), ("max_num_seqs", max_num_seqs),
+                            ("max_num_batched_tokens", max_num_batched_tokens),
+                            ("max_model_len", max_model_len)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if policy not in ("fcfs", "priority"):
+            raise ValueError(f"policy must be 'fcfs' or 'priority', got {policy!r}")
+        if not enable_chunked_prefill and max_num_batched_tokens < max_model_len:
+            raise ValueError(
+                f"without chunked prefill max_num_batched_tokens ({max_num_batched_tokens}) "
+                f"must be >= max_model_len ({max_model_len}); raise it, lower max_model_len "
+                f"or enable chunked prefill")
+        self.pool = PagePool(num_pages, page_size, enable_prefix_caching)
+        self.page_size = page_size
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.enable_prefix_caching = enable_prefix_caching
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.policy = policy
+        # Optional admission check admit(request, running) -> bool, asked right before
+        # a waiting request is admitted (LoRA: its adapter needs a device slot); False
+        # keeps it (and those behind it) waiting.
+        self.admit = admit
+        self.max_seq_len = min(max_model_len, self.pool.num_usable_pages * page_size)
+        self.requests: dict[str, Request] = {}
+        self.waiting = WaitingQueue(policy == "priority")
+        self.running: list[Request] = []
+        self.num_preemptions = 0  # preemptions since start (vllm:num_preemptions)
+
+    # ---- requests in and out -----------------------------------------------
+    def add_request(self, req: Request) -> None:
+        rid, n = req.request_id, req.num_prompt_tokens
+        if rid in self.requests:
+            raise ValueError(f"request id {rid!r} is already in use")
+        if n == 0:
+            raise ValueError(f"request {rid!r}: the prompt is empty; give at least one token")
+        if n > self.max_model_len:
+            raise ValueError(f"request {rid!r}: the prompt has {n} tokens, more than "
+                             f"max_model_len={self.max_model_len}; shorten the prompt or "
+                             f"raise max_model_len")
+        need, usable = _cdiv(n, self.page_size), self.pool.num_usable_pages
+        if need > usable:
+            raise ValueError(f"request {rid!r}: the prompt needs {need} KV pages of "
+                             f"{self.page_size} tokens but the pool has only {usable} usable "
+                             f"pages (num_pages={self.pool.num_pages}, page 0 is reserved); "
+                             f"raise num_pages (or the KV memory budget) or shorten the prompt")
+        if req.n < 1 or req.n > self.max_num_seqs:
+            raise ValueError(f"request {rid!r}: n={req.n} must be between 1 and "
+                             f"max_num_seqs={self.max_num_seqs}; lower n or raise max_num_seqs")
+        if req.max_tokens is not None and req.max_tokens < 1:
+            raise ValueError(f"request {rid!r}: max_tokens must be >= 1, got {req.max_tokens}")
+        req.max_model_len = min(req.max_model_len or self.max_model_len, self.max_model_len)
+        req.max_num_tokens = min(req.max_num_tokens, req.max_model_len, self.max_seq_len)
+        req.status = RequestStatus.WAITING
+        self.requests[rid] = req
+        self.waiting.push(req)
+
+    def get_request(self, request_id: str) -> Request | None:
+        return self.requests.get(request_id)
+
+    def abort_request(self, request_id: str) -> Request | None:
+        return self.finish_request(request_id, "abort")
+
+    def finish_request(self, request_id: str, finish_reason: str,
+                       stop_reason: int | str | None = None) -> Request | None:
+        """Finish a live request now ('stop' | 'length' | 'abort'); None if unknown."""
+        status = RequestStatus.from_finish_reason(finish_reason)
+        req = self.requests.get(request_id)
+        if req is None:
+            return None
+        if req.status == RequestStatus.RUNNING:
+            self.running.remove(req)
+        else:
+            self.waiting.remove(req)
+        req.finish(status, stop_reason)
+        self._release(req)
+        return req
+
+    def fork_request(self, request_id: str, new_request_id: str) -> Request:
+        """A new request sharing the parent's tokens and pages (beam search)."""
+        parent = self.requests.get(request_id)
+        if parent is None:
+            raise ValueError(f"cannot fork unknown or finished request {request_id!r}")
+        if new_request_id in self.requests:
+            raise ValueError(f"request id {new_request_id!r} is already in use")
+        child = parent.fork(new_request_id, sample_index=parent.sample_index)
+        self.requests[new_request_id] = child
+        if parent.status == RequestStatus.RUNNING:
+            child.page_ids = self.pool.fork(parent.page_ids)
+            child.status = RequestStatus.RUNNING
+            self.running.append(child)
+        else:
+            child.status = parent.status
+            self.waiting.push(child)
+        return child
+
+    def _release(self, req: Request) -> None:
+        self.pool.free(req.page_ids)
+        req.page_ids = []
+        self.requests.pop(req.request_id, None)
+
+    # ---- schedule ----------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        rows: dict[str, ScheduledRow] = {}
+        copies: dict[str, list[tuple[int, int]]] = {}
+        out = SchedulerOutput()
+        budget = self._schedule_running(rows, copies, out.preempted_ids)
+        if not out.preempted_ids:
+            budget = self._schedule_waiting(rows, budget)
+        out.rows = list(rows.values())
+        if copies:
+            out.page_copies = [c for rid in rows for c in copies.get(rid, ())]
+        out.num_batched_tokens = self.max_num_batched_tokens - budget  # the rows' tokens
+        return out
+
+    def _schedule_running(self, rows, copies, preempted) -> int:
+        budget = self.max_num_batched_tokens
+        running, max_rows, ps = self.running, self.max_num_seqs, self.page_size
+        refs = self.pool.ref_counts
+        i = 0
+        while i < len(running) and budget > 0 and len(rows) < max_rows:
+            req = running[i]
+            prompt, outs, pending = req.prompt_token_ids, req.output_token_ids, req.num_pending
+            with_pending = len(prompt) + len(outs) + pending  # num_tokens_with_pending
+            start = req.num_computed_tokens
+            # A request whose placeholders already reach the length cap or max_tokens
+            # finishes when they land: it gets no more rows.
+            if pending and with_pending >= req.max_num_tokens:
+                i += 1
+                continue
+            spec = req.spec_token_ids
+            if with_pending - start == 1 and not spec and req.n == 1:
+                table = req.page_ids
+                j = start // ps
+                if j < len(table) and refs[table[j]] <= 1:
+                    # The common decode row: its last token (a placeholder while one is
+                    # in flight) into a page of its own, nothing from the pool (this loop
+                    # runs per row per step: _reserve's first case, _make_row and
+                    # Request.token_at are inlined here for it).
+                    rows[req.request_id] = ScheduledRow(
+                        req.request_id, [-1 if pending else outs[-1] if outs else prompt[-1]],
+                        start, table, 1)
+                    req.num_computed_tokens = start + 1
+                    req.num_pending = pending + 1
+                    budget -= 1
+                    i += 1
+                    continue
+            num_new = min(with_pending + len(spec) - start, budget)
+            if num_new <= 0:
+                i += 1
+                continue
+            cow = self._reserve(req, num_new)
+            while cow is None:
+                victim = self._pick_victim()
+                vi = running.index(victim)
+                if vi < i:
+                    i -= 1
+                budget += self._preempt(victim, rows, copies, preempted)
+                running = self.running
+                if victim is req:
+                    break
+                cow = self._reserve(req, num_new)
+            if cow is None:
+                continue  # req itself was preempted; running[i] is the next one
+            if cow:
+                copies[req.request_id] = cow
+            rows[req.request_id] = self._make_row(req, num_new, with_pending)
+            budget -= num_new
+            i += 1
+        return budget
+
+    def _schedule_waiting(self, rows, budget: int) -> int:
+        ps = self.page_size
+        while len(self.waiting) and budget > 0 and len(rows) < self.max_num_seqs:
+            req = self.waiting.peek()
+            if req.num_pending:
+                break  # preempted with a token in flight: recompute once it is known
+            seqs = req.n if self._samples_n(req) else 1
+            if len(self.running) + self._unforked_children() + seqs > self.max_num_seqs:
+                break
+            hits = self.pool.peek_prefix(req.all_token_ids, req.cache_salt,
+                                         block_hashes=req.block_hashes) \
+                if self.enable_prefix_caching else []
+            computed = len(hits) * ps
+            num_new = req.num_tokens - computed
+            if num_new > budget:
+                if not self.enable_chunked_prefill:
+                    break
+                num_new = budget
+            need = _cdiv(computed + num_new, ps) - len(hits)
+            evictable_hits = sum(1 for p in hits if self.pool.ref_count(p) == 0)
+            if need + evictable_hits > self.pool.num_allocatable:
+                break
+            if self.admit is not None and not self.admit(req, self.running):
+                break
+            self.waiting.pop()
+            if self.enable_prefix_caching:
+                hits = self.pool.lookup(req.all_token_ids, req.cache_salt,
+                                        block_hashes=req.block_hashes)
+            req.page_ids = hits + self.pool.allocate(need)
+            req.num_computed_tokens = computed
+            req.num_registered_pages = len(hits)
+            if not req.first_scheduled:
+                req.first_scheduled = True
+                req.num_cached_tokens = computed
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            rows[req.request_id] = self._make_row(req, num_new, req.num_tokens_with_pending)
+            budget -= num_new
+        return budget
+
+    def _unforked_children(self) -> int:
+        """n > 1 children still to be forked when in-flight prompt rows land."""
+        return sum(r.n - 1 for r in self.running
+                   if r.n > 1 and r.parent_id is None and r.num_output_tokens == 0
+                   and r.num_pending)
+
+    def _reserve(self, req: Request, num_new: int) -> list[tuple[int, int]] | None:
+        """Pages (and CoW copies) so req can write num_new tokens; None if short."""
+        ps, pool, table = self.page_size, self.pool, req.page_ids
+        start = req.num_computed_tokens
+        if num_new == 1:  # a decode row: at most one page written, at most one new
+            j = start // ps
+            if j == len(table):
+                if pool.num_allocatable < 1:
+                    return None
+                table.extend(pool.allocate(1))
+                return []
+            if j < len(table) and pool.ref_count(table[j]) <= 1:
+                return []  # the page is there and not shared (else: copy-on-write below)
+        end = start + num_new
+        need = max(0, _cdiv(end, ps) - len(table))
+        written = range(start // ps, min(len(table), _cdiv(end, ps)))
+        shared = [j for j in written if pool.ref_count(table[j]) > 1]
+        if need + len(shared) > pool.num_allocatable:
+            return None
+        cow = []
+        if shared:  # an in-place edit: the request gets a new list (scheduler_output.py)
+            table = req.page_ids = list(table)
+        for j in shared:
+            dst, src = pool.make_writable(table, j)
+            cow.append((src, dst))
+        if need:
+            table.extend(pool.allocate(need))
+        return cow
+
+    def _pick_victim(self) -> Request:
+        if self.policy == "priority":
+            return max(enumerate(self.running),
+                       key=lambda e: (e[1].priority, e[1].arrival_time, e[0]))[1]
+        return self.running[-1]
+
+    def _preempt(self, req: Request, rows, copies, preempted) -> int:
+        """Preempt req; return the budget its row (if any) had taken."""
+        self.running.remove(req)
+        row = rows.pop(req.request_id, None)
+        if row is not None and row.num_samples:
+            req.num_pending -= 1  # the row's placeholder goes with it
+        copies.pop(req.request_id, None)
+        self.pool.free(req.page_ids)
+        req.page_ids = []
+        req.num_computed_tokens = 0
+        req.num_registered_pages = 0
+        req.spec_token_ids = []
+        req.status = RequestStatus.PREEMPTED
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.push(req, front=True)
+        preempted.append(req.request_id)
+        return len(row.token_ids) if row else 0
+
+    @staticmethod
+    def _samples_n(req: Request) -> bool:
+        return (req.n > 1 and req.num_output_tokens == 0 and req.num_pending == 0
+                and req.parent_id is None)
+
+    def _make_row(self, req: Request, num_new: int, with_pending: int) -> ScheduledRow:
+        """The row, with the request advanced past it (and a placeholder if it samples).
+        ``with_pending``: ``req.num_tokens_with_pending``."""
+        start = req.num_computed_tokens
+        samples = 0
+        if req.spec_token_ids:
+            spec = req.spec_token_ids[:max(0, num_new - (with_pending - start))]
+            req.spec_token_ids = []
+        else:
+            spec = ()
+        if start + num_new >= with_pending:
+            samples = req.n if req.n > 1 and self._samples_n(req) else 1
+        if num_new == 1 and not spec:  # a decode row (a new or shared page, or n > 1)
+            row = ScheduledRow(req.request_id, [req.token_at(start)], start, req.page_ids,
+                               samples)
+        else:
+            tokens = req.get_token_ids(start, start + num_new - len(spec)) + list(spec)
+            row = ScheduledRow(req.request_id, tokens, start, req.page_ids, samples,
+                               len(spec))
+        req.num_computed_tokens = start + num_new
+        if samples:
+            req.num_pending += 1
+        return row
+
+    # ---- introspection -----------------------------------------------------
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running) or len(self.waiting) > 0
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.running) + len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def stats(self) -> PoolStats:
+        return self.pool.stats()
+
+    def kv_waste(self) -> float:
+        """Allocated-but-unfilled slots / allocated slots over running requests.
+
+        A page shared by several tables counts once, filled as far as its
+        fullest owner has computed.
+        """
+        ps, fill = self.page_size, {}
+        for req in self.running:
+            for j, page in enumerate(req.page_ids):
+                filled = min(ps, max(0, req.num_computed_tokens - j * ps))
+                fill[page] = max(fill.get(page, 0), filled)
+        if not fill:
+            return 0.0
+        return 1.0 - sum(fill.values()) / (len(fill) * ps)

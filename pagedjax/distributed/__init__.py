@@ -1,0 +1,1 @@
+"""Parallelism: the device mesh and sharding rules (tensor parallel), multi-host runs."""

@@ -1,0 +1,1 @@
+"""The engine: LLMEngine (text in, outputs out), EngineCore (schedule -> run -> update), AsyncLLM."""

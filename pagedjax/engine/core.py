@@ -1,0 +1,396 @@
+"""EngineCore: schedule -> execute -> update, with the next step overlapping the device.
+
+The core owns the scheduler and the runner and knows nothing about text. One
+:meth:`EngineCore.step`:
+
+1. ``Scheduler.schedule()`` for step N (rows whose previous token is still on
+   the device get a placeholder, see ``request.py``);
+2. ``Runner.launch`` dispatches step N without waiting (its placeholders read
+   step N-1's sampled tokens on the device);
+3. while the device runs step N, the host fetches step N-1's results,
+   ``Scheduler.update()``s them and turns them into plain per-sequence
+   :class:`~pagedjax.engine.output_processor.SeqUpdate` s, which it returns.
+
+With ``async_scheduling=False`` (or while a request needs its full token
+history on the host before each step: repetition penalties, multi-token bad
+words, beam search) step N is fetched before the call returns, which is the
+serial engine. A structured-output row's mask for step N needs step N-1's
+token: such a step launches its model first, then fetches step N-1 (the
+matchers advance), then launches its sampler with the masks. Both orders give the same tokens: sampling depends on each
+row's seed and position, never on the step it runs in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any, Sequence
+
+from pagedjax.engine.output_processor import CoreOutput, SeqUpdate
+from pagedjax.core.request import Request
+from pagedjax.worker.inputs import SampleRow
+from pagedjax.worker.runner import Launched, Runner
+from pagedjax.engine.request_sampling import RequestSampling
+from pagedjax.engine.sequences import Sequences
+from pagedjax.sample.metadata import RowState
+from pagedjax.core.scheduler import Scheduler, SchedulerOutput
+
+logger = logging.getLogger("pagedjax.engine.core")
+
+
+@dataclasses.dataclass
+class _InFlight:
+    sched: SchedulerOutput
+    launched: Launched
+    # The sampling rows: each row's first sample (``token_src``: seq id -> its row,
+    # rows 0..len-1), then n > 1 forks' extra samples, (seq id, sample index) each.
+    token_src: dict[str, int]
+    extra_targets: list[tuple[str, int]]
+    prompt_starts: dict[str, int]
+    sample_rows: list[SampleRow] | None = None  # kept while the sampler waits (deferred)
+    deferred: list[tuple[int, str, int]] | None = None  # (sampling row, seq id, index)
+
+
+class EngineCore:
+    """Scheduler + runner; sequences in, token deltas out."""
+
+    def __init__(self, scheduler: Scheduler, runner: Runner, eos_token_ids: Sequence[int],
+                 async_scheduling: bool = True, lora_slot=None, speculator: Any = None):
+        self.scheduler = scheduler
+        self.lora_slot = lora_slot  # lora_int_id -> device slot (LoRAManager.slot_of), or None
+        self.runner = runner
+        # Speculative decoding (spec_decode.Speculator): proposals before scheduling,
+        # verification in the step; its steps run serially (accepted counts are
+        # known only once fetched).
+        self.speculator = speculator
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.async_scheduling = async_scheduling
+        self.seqs = Sequences()  # per sequence and request, between steps (sequences.py)
+        self._inflight: _InFlight | None = None
+        # The rows of the steps being worked on (step_request_ids, after a failure).
+        self._recent: list[list] = []
+        self.num_steps = 0
+        self.num_overlapped_steps = 0
+
+    # ------------------------------------------------------------------ requests
+    def add_request(self, req: Request, fallback_seed: int, bad_words_ids: list,
+                    keep_topk: bool = False, grammar: Any = None) -> None:
+        """Queue a request (raises ValueError from the scheduler's checks).
+        ``grammar``: a structured_outputs.GrammarState constraining its sequences."""
+        p = req.sampling_params
+        params = [p]
+        for i in range(1, p.n):
+            q = p
+            if p.seed is not None:
+                q = p.clone()
+                q.seed = (p.seed + i) % (2**63)
+            params.append(q)
+        history = bool(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0
+                       or any(len(w) > 1 for w in bad_words_ids))
+        self.scheduler.add_request(req)
+        s = RequestSampling(params, fallback_seed, bad_words_ids, p.prompt_logprobs, history,
+                      keep_topk, set(), grammar)
+        self.seqs.add(req.request_id, s)
+
+    def finish_sequences(self, seq_ids: Sequence[str], reason: str = "abort",
+                         stop_reason: Any = None) -> None:
+        """Finish sequences now (abort, or 'stop' for a stop string); pages freed at once."""
+        for sid in seq_ids:
+            self.scheduler.finish_request(sid, reason, stop_reason)
+            self.seqs.forget(sid)
+
+    def abort_request(self, request_id: str) -> None:
+        """Abort a request and all of its sequences."""
+        for sid in self.seqs.seq_ids(request_id):
+            self.scheduler.abort_request(sid)
+            self.seqs.forget(sid)
+
+    def step_request_ids(self) -> list[str]:
+        """Requests with a row in the latest launched step or the one in flight
+        (the requests a failing ``step()`` was working on). Worked out only when
+        asked: a step does not pay for it."""
+        ids: dict[str, None] = {}
+        for rows in self._recent:
+            for r in rows:
+                rid = self.seqs.request_of(r.request_id)
+                if rid is not None:
+                    ids[rid] = None
+        return list(ids)
+
+    # ------------------------------------------------------------------ beams (public)
+    def fork_sequence(self, seq_id: str, new_seq_id: str) -> None:
+        """A new sequence sharing ``seq_id``'s tokens and pages (copy-on-write)."""
+        self._drain_check()
+        self.scheduler.fork_request(seq_id, new_seq_id)
+        self.seqs.join(new_seq_id, *self.seqs.root[seq_id])
+
+    def replace_pending_token(self, seq_id: str, token_id: int) -> None:
+        """Swap the newest (sampled, not yet computed) token of a sequence."""
+        self._drain_check()
+        req = self.scheduler.get_request(seq_id)
+        if req is None or not req.output_token_ids:
+            raise ValueError(f"sequence {seq_id!r} has no pending token to replace")
+        req.output_token_ids[-1] = int(token_id)
+
+    def take_top_logprobs(self, seq_id: str) -> dict[int, float] | None:
+        """The top-k logprobs of a keep_topk sequence's newest step (once), else None."""
+        return self.seqs.topk.pop(seq_id, None)
+
+    def is_finished(self, seq_id: str) -> bool:
+        return self.scheduler.get_request(seq_id) is None
+
+    def _drain_check(self) -> None:
+        if self._inflight is not None:
+            raise RuntimeError("beam search edits need the serial engine: no step in flight")
+
+    # ------------------------------------------------------------------ step
+    def _serial(self) -> bool:
+        return not self.async_scheduling or self.seqs.num_serial > 0 or self.speculator is not None
+
+    def _may_speculate(self, req: Request) -> bool:
+        ref = self.seqs.root.get(req.request_id)
+        return ref is not None and not self.seqs.sampling[ref[0]].token_by_token
+
+    def step(self) -> CoreOutput:
+        """Schedule and launch the next step; return the results of the one before
+        (or of this one when running serially)."""
+        out = CoreOutput()
+        self.seqs.begin_step()
+        self._recent = [self._inflight.sched.rows] if self._inflight is not None else []
+        if self._inflight is not None and self._serial():
+            self._complete(self._take_inflight(), out)
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running, self._may_speculate)
+        sched = self.scheduler.schedule()
+        self._recent.append(sched.rows)
+        launched = self._launch(sched, out) if sched.rows else None
+        if launched is not None and self._inflight is not None:
+            self.num_overlapped_steps += 1  # launched while the one before was in flight
+        if self._inflight is not None:
+            self._complete(self._take_inflight(), out)
+        if launched is not None and launched.deferred:
+            self._sample_deferred(launched)
+        self._inflight = launched
+        if launched is not None and self._serial():
+            self._complete(self._take_inflight(), out)
+        return out
+
+    def _take_inflight(self) -> _InFlight:
+        """The step in flight, forgotten first: if fetching it fails, the engine can
+        fail its requests and carry on instead of failing on it again."""
+        fl, self._inflight = self._inflight, None
+        return fl
+
+    def _row_state(self, req: Request, sid: str, index: int, fork: bool) -> RowState:
+        s = self.seqs.sampling[self.seqs.root[sid][0]]
+        # A grammar row whose previous token is still on the device gets its mask later
+        # (_sample_deferred); until then every token is open.
+        bits = None
+        if s.grammar is not None:
+            outputs = [] if fork else req.output_token_ids
+            waiting = not fork and req.num_pending > 1
+            bits = s.grammar.open_mask if waiting else s.grammar.mask(sid, outputs, fork)
+        # Placeholders count as outputs (the seed counter); this row's own one does not.
+        # The output list is passed as is, never copied: this runs per row per step.
+        return RowState(s.params[index], req.prompt_token_ids,
+                        [] if fork else req.output_token_ids, s.fallback(index),
+                        self.eos_token_ids, s.bad_words_ids,
+                        0 if fork else req.num_pending - 1, bits, s.static(index))
+
+    def _launch(self, sched: SchedulerOutput, out: CoreOutput) -> _InFlight:
+        now = time.time()
+        self.runner.copy_pages(sched.page_copies)
+        first: list[SampleRow] = []
+        extra: list[SampleRow] = []
+        targets_extra: list[tuple[str, int]] = []
+        token_src: dict[str, int] = {}
+        deferred: list[tuple[int, str, int]] = []
+        prompt_lp: dict[str, int] = {}
+        prompt_tokens: dict[str, list[int]] = {}
+        prompt_starts: dict[str, int] = {}
+        lora_slots = [] if self.lora_slot is not None else None
+        seqs = self.seqs
+        get_request, root, sampling = self.scheduler.requests.get, seqs.root, seqs.sampling
+        first_scheduled, cached = out.first_scheduled, out.num_cached_tokens
+        steady = seqs.steady
+        for i, row in enumerate(sched.rows):
+            sid = row.request_id
+            req = get_request(sid)
+            if lora_slots is not None:
+                lora_slots.append(self.lora_slot(req.lora_int_id))
+            sr = steady.get(sid)
+            if (sr is not None and row.num_samples == 1  # the common row, on a short path
+                    and sr.state.output_token_ids is req.output_token_ids):
+                sr.row_index = i
+                sr.state.num_placeholders = req.num_pending - 1
+                token_src[sid] = len(first)
+                first.append(sr)
+                continue
+            rid, idx = root[sid]
+            s = sampling[rid]
+            if not s.reported_scheduled:  # told once: the processor keeps the first time
+                s.reported_scheduled = True
+                first_scheduled[rid] = now
+            if s.reported_cached < req.num_cached_tokens:
+                s.reported_cached = cached[rid] = req.num_cached_tokens
+            if s.prompt_logprobs is not None and row.start_pos < req.num_prompt_tokens:
+                prompt_lp[sid] = s.prompt_logprobs
+                prompt_tokens[sid] = req.prompt_token_ids
+                prompt_starts[sid] = row.start_pos
+            num_samples = row.num_samples
+            if num_samples == 0:
+                continue
+            fork = num_samples > 1
+            sr = SampleRow(sid, i, self._row_state(req, sid, 0 if fork else idx, fork),
+                           s.params[0].logprobs)
+            if not fork and s.grammar is None:
+                # Reported above: its later rows take the short path. (A prompt chunk
+                # they skip after a preemption has its prompt logprobs already.)
+                steady[sid] = sr
+            # Each row's first sample comes first, so a row's index in this step's
+            # sampled tokens is < max_num_seqs (the next step's placeholder source).
+            token_src[sid] = len(first)
+            first.append(sr)
+            if s.grammar is not None and not fork and req.num_pending > 1:
+                deferred.append((len(first) - 1, sid, idx))
+            if fork:
+                for j in range(1, num_samples):
+                    extra.append(SampleRow(sid, i, self._row_state(req, sid, j, True),
+                                           s.params[0].logprobs))
+                    targets_extra.append((sid, j))
+        prev = self._inflight
+        if self.speculator is not None:  # serial: nothing in flight
+            launched = self.speculator.launch(sched, first + extra, prompt_lp, prompt_tokens,
+                                              lora_slots=lora_slots)
+        else:
+            launched = self.runner.launch(sched.rows, first + extra, prompt_lp, prompt_tokens,
+                                          prev=prev.launched if prev else None,
+                                          token_src=prev.token_src if prev else None,
+                                          lora_slots=lora_slots, defer_sample=bool(deferred))
+        self.num_steps += 1
+        return _InFlight(sched, launched, token_src, targets_extra, prompt_starts,
+                         first + extra if deferred else None, deferred or None)
+
+    def _sample_deferred(self, fl: _InFlight) -> None:
+        """The step before is fetched and its tokens fed to the matchers: launch this
+        step's sampler with the grammar rows' masks (rows of sequences that ended
+        meanwhile keep an open mask; their tokens are ignored)."""
+        rows = list(fl.sample_rows)
+        for j, sid, idx in fl.deferred:
+            req = self.scheduler.get_request(sid)
+            if req is not None and sid in self.seqs.root:
+                rows[j] = dataclasses.replace(rows[j], state=self._row_state(req, sid, idx, False))
+        fl.launched = self.runner.launch_sample(fl.launched, rows)
+        fl.sample_rows = fl.deferred = None
+
+    def _complete(self, fl: _InFlight, out: CoreOutput) -> None:
+        if isinstance(fl.launched, Launched):
+            res = self.runner.fetch(fl.launched)
+            ids = res.token_ids[:len(fl.token_src) + len(fl.extra_targets)].tolist()
+            tokens = None
+            spec = None
+        else:  # a speculative step: each row emits its accepted tokens + 1
+            res = self.speculator.fetch(fl.launched)
+            tokens = res.tokens
+            ids = None
+            spec = {r.request_id: (r.num_spec, self.scheduler.get_request(r.request_id))
+                    for r in fl.sched.rows if r.num_spec}
+            spec = {sid: (n, req, req.num_output_tokens) for sid, (n, req) in spec.items()
+                    if req is not None}
+        first_of = fl.token_src  # seq id -> its (first) sampling row: they come first
+        if tokens is None:  # one token per row, as a plain int: first_of's values are
+            sampled = dict(zip(first_of, ids))  # 0, 1, 2, ... in insertion order
+        else:
+            sampled = {sid: list(tokens[j]) for sid, j in first_of.items()}
+        extra_of: dict[tuple[str, int], int] = {}  # (parent seq id, sample index) -> row
+        for j, (sid, idx) in enumerate(fl.extra_targets, len(first_of)):
+            extra_of[(sid, idx)] = j
+            got = sampled[sid]
+            if got.__class__ is int:
+                sampled[sid] = got = [got]
+            got.extend(tokens[j] if tokens is not None else (ids[j],))
+        for sid, arrays in res.prompt_logprobs.items():
+            rid = self.seqs.root.get(sid, (None,))[0]
+            if rid is not None:
+                out.prompt_logprobs[rid] = (fl.prompt_starts[sid],) + tuple(arrays)
+        changed = self.scheduler.update(fl.sched, sampled)
+        # n > 1 children forked by this update join their request first: the parent
+        # may finish on this very token (and be forgotten) while they go on.
+        if extra_of:
+            for req in changed:
+                if (req.request_id not in first_of and req.parent_id in self.seqs.root
+                        and (req.parent_id, req.sample_index) in extra_of):
+                    self.seqs.join(req.request_id, self.seqs.root[req.parent_id][0],
+                                   req.sample_index)
+        if spec is None:
+            logprob, rank = res.logprob.tolist(), res.rank.tolist()
+        root_of, sampling, plain = self.seqs.root, self.seqs.sampling, self.seqs.plain
+        plain_ids, plain_tokens = out.plain_request_ids, out.plain_token_ids
+        for req in changed:
+            sid = req.request_id
+            if sid in plain and spec is None and req.finish_reason is None and sid in first_of:
+                plain_ids.append(sid)  # the common row: two columns, no SeqUpdate
+                plain_tokens.append(sampled[sid])
+                continue
+            j = first_of.get(sid)
+            if j is None:
+                j = extra_of.get((req.parent_id, req.sample_index))
+            root = root_of.get(sid)
+            if j is None or root is None:
+                continue
+            rid, idx = root
+            s = sampling.get(rid)
+            if s is not None and s.grammar is not None and not req.is_finished:
+                self._advance_grammar(s.grammar, req)
+            if spec is not None:
+                self._spec_updates(req, rid, idx, j, tokens[j], res, spec, out)
+                continue
+            wants_lp = s is not None and s.params[0].logprobs is not None
+            up = SeqUpdate(sid, rid, idx, [ids[j]], logprob[j], rank[j],
+                           res.topk_ids[j] if wants_lp else (),
+                           res.topk_logprobs[j] if wants_lp else (),
+                           req.finish_reason, req.stop_reason)
+            if s is not None and s.keep_topk:
+                k = s.params[0].logprobs
+                self.seqs.topk[sid] = {int(t): float(v) for t, v in
+                                   zip(res.topk_ids[j][:k], res.topk_logprobs[j][:k])}
+            out.updates.append(up)
+            if req.finish_reason is not None:
+                self.seqs.forget(sid)
+
+    def _advance_grammar(self, grammar: Any, req: Request) -> None:
+        """Feed a constrained sequence's new token to its matcher; a complete grammar
+        finishes the sequence now ('stop'), a broken one aborts it."""
+        state = grammar.advance(req.request_id, req.output_token_ids)
+        if state == "done":
+            self.scheduler.finish_request(req.request_id, "stop")
+        elif state == "error":
+            logger.warning("structured output of %s left its grammar: %s", req.request_id,
+                           grammar.error(req.request_id))
+            self.scheduler.finish_request(req.request_id, "abort")
+
+    def _spec_updates(self, req: Request, rid: str, idx: int, j: int, tokens: list[int], res,
+                      spec: dict, out: CoreOutput) -> None:
+        """One SeqUpdate per token the scheduler kept of a verified row (EOS, stop
+        tokens and length limits may drop the later ones); the finish reason and the
+        row's proposal counts ride on the last / first one."""
+        num_draft, _, before = spec.get(req.request_id, (0, None, req.num_output_tokens - 1))
+        kept = req.num_output_tokens - before
+        if num_draft:
+            self.speculator.record(num_draft, len(tokens) - 1)
+        for t in range(kept):
+            last = t == kept - 1
+            out.updates.append(SeqUpdate(
+                req.request_id, rid, idx, [int(tokens[t])], float(res.logprob[j, t]),
+                int(res.rank[j, t]), res.topk_ids[j, t], res.topk_logprobs[j, t],
+                req.finish_reason if last else None, req.stop_reason if last else None,
+                num_draft_tokens=num_draft if t == 0 else 0,
+                num_accepted_tokens=len(tokens) - 1 if t == 0 and num_draft else 0))
+        s = self.seqs.sampling.get(rid)
+        if s is not None and s.keep_topk and kept:
+            k = s.params[0].logprobs
+            self.seqs.topk[req.request_id] = {int(t): float(v) for t, v in
+                                          zip(res.topk_ids[j, 0][:k], res.topk_logprobs[j, 0][:k])}
+        if req.is_finished:
+            self.seqs.forget(req.request_id)

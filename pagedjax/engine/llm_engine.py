@@ -1,0 +1,349 @@
+"""LLMEngine: add_request / step / abort, built from three parts.
+
+* :class:`~pagedjax.engine.core.EngineCore` schedules, runs the device step and
+  updates the scheduler; it returns plain per-sequence token deltas and
+  overlaps the next step with the device (``async_scheduling``);
+* :class:`~pagedjax.engine.output_processor.OutputProcessor` turns them into text,
+  stop strings, logprob dicts and ``RequestOutput``;
+* this class validates requests, wires the two together and hands stop-string
+  finishes back to the core after each step.
+
+Not thread-safe: the server drives it from one engine thread (``AsyncLLM``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from pagedjax.distributed import multihost
+from pagedjax.config import EngineArgs
+from pagedjax.engine.core import EngineCore
+from pagedjax.engine.output_processor import OutputProcessor
+from pagedjax.outputs import RequestOutput
+from pagedjax.core.request import Request
+from pagedjax.worker.runner import Runner, make_plan
+from pagedjax.sampling_params import SamplingParams
+from pagedjax.core.scheduler import Scheduler
+from pagedjax.engine.startup import (
+    enable_compilation_cache,
+    freeze_startup_heap,
+    resolve_config,
+    start_cpu_builds,
+)
+from pagedjax.structured_output.grammar import GrammarCompiler, GrammarState
+
+logger = logging.getLogger("pagedjax.engine.llm_engine")
+
+
+class LLMEngine:
+    """The engine behind ``LLM`` and the server."""
+
+    def __init__(self, args: EngineArgs):
+        import pagedjax.models as models
+        from pagedjax.engine import tokenizer as tok_mod
+
+        args.validate()
+        self.args = args
+        enable_compilation_cache(args.compilation_cache_dir)
+        start_cpu_builds(args)
+        self.resolved = models.resolve_model(args.model)
+        self.model_name = args.model or models.DEFAULT_MODEL
+        if jax.process_count() > 1 and args.tensor_parallel_size != jax.device_count():
+            raise ValueError(
+                f"{jax.process_count()} processes: multi-host runs shard one model over every "
+                f"device of every process; set tensor_parallel_size={jax.device_count()} "
+                "(jax.device_count())")
+        if args.tensor_parallel_size > 1:
+            from pagedjax.distributed import sharding
+
+            self.model, self.params, self.mesh = sharding.load_sharded(
+                args.model, args.dtype, args.tensor_parallel_size,
+                quantization=args.quantization)
+        else:
+            self.model, self.params = models.load_model(args.model, dtype=args.dtype,
+                                                        quantization=args.quantization)
+            self.mesh = None
+        self.lora = None  # pagedjax.lora.manager.LoRAManager when enable_lora
+        if args.enable_lora:
+            from pagedjax.lora.setup import enable_lora, make_manager
+
+            self.model, self.params = enable_lora(self.model, self.params, args, self.mesh)
+            self.lora = make_manager(self.model, args, lambda: self.runner)
+        info = self.model.info
+        self.info = info
+        # Bytes of the weights as they sit on the device(s) (quantized stays quantized).
+        self.weight_bytes = models.model_weight_bytes(self.params)
+        logger.info("%s: %d layers, weights %.1f MiB on device (quantization=%s)",
+                    info.architecture, info.num_layers, self.weight_bytes / 2**20,
+                    args.quantization)
+        tok_src = args.tokenizer or self.resolved.tokenizer_source
+        tok_kwargs = {} if args.tokenizer else dict(self.resolved.tokenizer_kwargs)
+        self.tokenizer = tok_mod.load_tokenizer(tok_src, **tok_kwargs)
+        self.config = cfg = resolve_config(args, info, self.mesh)
+        pool_dtype = None if args.kv_cache_dtype == "auto" else cfg.kv_cache_dtype
+        if self.mesh is not None:
+            from pagedjax.distributed import sharding
+
+            kv = sharding.allocate_sharded_kv(self.model, self.mesh, cfg.num_pages,
+                                              args.page_size, pool_dtype)
+        else:
+            kv = self.model.allocate_kv_caches(cfg.num_pages, args.page_size, pool_dtype)
+        if (args.scan_layers and self.mesh is None and hasattr(self.model, "can_scan")
+                and self.model.can_scan()):
+            self.params = self.model.stack_params(self.params)
+            kv = self.model.stack_kv_caches(kv)
+        mnbt = cfg.max_num_batched_tokens
+        self.scheduler = Scheduler(cfg.num_pages, args.page_size, args.max_num_seqs, mnbt,
+                                   cfg.max_model_len,
+                                   enable_prefix_caching=args.enable_prefix_caching,
+                                   policy=args.scheduling_policy,
+                                   admit=self.lora.admit if self.lora is not None else None)
+        self.runner = Runner(self.model, self.params, kv, page_size=args.page_size,
+                             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=mnbt,
+                             max_model_len=cfg.max_model_len,
+                             plan=make_plan(cfg.attention_backend, self.mesh))
+        # Multi-host: process 0 publishes its requests to the followers before each step.
+        self._leader = multihost.make_leader()
+        self.eos_token_ids = tuple(info.eos_token_ids) or (
+            (self.tokenizer.eos_token_id,) if self.tokenizer.eos_token_id is not None else ())
+        self.speculator = None
+        if args.speculative_config is not None:
+            from pagedjax.spec_decode.speculator import make_speculator
+
+            self.speculator = make_speculator(args, cfg, self.runner, self.scheduler, info)
+        self.core = EngineCore(self.scheduler, self.runner, self.eos_token_ids,
+                               async_scheduling=args.async_scheduling,
+                               lora_slot=self.lora.slot_of if self.lora is not None else None,
+                               speculator=self.speculator)
+        if self.lora is not None:
+            self.lora.warmup()
+        self.processor = OutputProcessor(self.tokenizer)
+        self.grammars = GrammarCompiler(self.tokenizer, info.vocab_size, self.eos_token_ids)
+        self._rng = np.random.default_rng(args.seed)
+        self._counter = itertools.count()
+        self.num_prompt_tokens = 0
+        freeze_startup_heap()
+
+    @property
+    def max_model_len(self) -> int:
+        return self.config.max_model_len
+
+    @property
+    def num_pages(self) -> int:
+        return self.config.num_pages
+
+    @property
+    def attn_backend(self) -> str:
+        return self.config.attention_backend
+
+    # ------------------------------------------------------------------ requests
+    def tokenize(self, prompt: Any) -> tuple[str | None, list[int]]:
+        """str, list of token ids, or {"prompt": ...} / {"prompt_token_ids": [...]}."""
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
+            prompt = prompt.get("prompt")
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt, add_special_tokens=True)
+            return prompt, list(ids)
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, (int, np.integer)) for t in prompt):
+            ids = [int(t) for t in prompt]
+            bad = [t for t in ids if not 0 <= t < self.info.vocab_size]
+            if bad:
+                raise ValueError(f"prompt token ids must be in [0, {self.info.vocab_size}), "
+                                 f"got {bad[:5]}")
+            return None, ids
+        raise ValueError("prompt must be a string, a list of token ids, or a dict with "
+                         f"'prompt' or 'prompt_token_ids'; got {type(prompt).__name__}")
+
+    def add_request(self, request_id: str, prompt: Any, params: SamplingParams | None = None,
+                    arrival_time: float | None = None, priority: int = 0, *,
+                    beam: bool = False, lora_request=None) -> None:
+        """Validate and queue one request. Raises ValueError before any work starts.
+
+        ``beam=True``: a sequence driven by beam search (no text side; its top-k
+        logprobs are kept for :meth:`take_top_logprobs`, and steps run serially).
+        ``lora_request``: a :class:`pagedjax.LoRARequest` (needs ``enable_lora``).
+        """
+        from pagedjax.engine import tokenizer as tok_mod
+
+        params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling params must be SamplingParams, got {type(params).__name__}")
+        if self.processor.has(request_id) or not self.core.is_finished(request_id):
+            raise ValueError(f"request id {request_id!r} is already in use")
+        text, ids = self.tokenize(prompt)
+        if not ids:
+            raise ValueError("the prompt is empty; give at least one token")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"the prompt has {len(ids)} tokens but max_model_len is "
+                             f"{self.max_model_len}, which must also leave room for at least "
+                             "one output token; shorten the prompt or raise max_model_len")
+        grammar = self._grammar_state(params, beam)
+        arrival = time.time() if arrival_time is None else arrival_time
+        bad_ids = tok_mod.bad_words_token_ids(self.tokenizer, params.bad_words) \
+            if params.bad_words else []
+        # Prompt logprobs need every prompt position computed: a unique salt keeps
+        # the prefix cache from skipping any of them.
+        salt = f"plp-{request_id}-{next(self._counter)}" if params.prompt_logprobs is not None else None
+        user_salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
+        if user_salt is not None:  # vLLM's cache_salt: only prompts with the same salt share
+            if not isinstance(user_salt, str):
+                raise ValueError(f"cache_salt must be a string, got {type(user_salt).__name__}")
+            salt = f"salt-{user_salt}|{salt or ''}"
+        lora_id = self._check_lora(lora_request)
+        if lora_id:  # prefix-cache pages of one adapter never serve another
+            salt = f"lora-{lora_id}:{lora_request.lora_path}|{salt or ''}"
+        req = Request(request_id, ids, params, eos_token_ids=self.eos_token_ids,
+                      arrival_time=arrival, priority=priority, max_model_len=self.max_model_len,
+                      cache_salt=salt, lora_int_id=lora_id)
+        self.core.add_request(req, int(self._rng.integers(0, 2**31 - 1)), bad_ids,
+                              keep_topk=beam, grammar=grammar)  # ValueError: bad request
+        if not beam:
+            self.processor.add_request(request_id, text, ids, params, arrival)
+        if self._leader is not None:
+            self._leader.publish_add(request_id, prompt, params, arrival, priority)
+        self.num_prompt_tokens += len(ids)
+
+    def _check_lora(self, lora_request) -> int:
+        """Register a request's adapter (reads and checks it); its id, 0 for none."""
+        if lora_request is None:
+            return 0
+        if self.lora is None:
+            raise ValueError("lora_request needs an engine started with enable_lora=True")
+        self.lora.add(lora_request)
+        return lora_request.lora_int_id
+
+    def add_lora(self, lora_request) -> None:
+        """Register an adapter now (read and checked; loaded onto the device when used)."""
+        self._check_lora(lora_request)
+
+    def validate_lora(self, lora_request) -> None:
+        """Read and check an adapter without registering it (safe off the engine thread)."""
+        if self.lora is None:
+            raise ValueError("LoRA adapters need an engine started with enable_lora=True")
+        self.lora.validate(lora_request)
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Forget an adapter (queued requests still finish with it); False if unknown."""
+        return self.lora is not None and self.lora.remove(lora_int_id)
+
+    def compile_grammar(self, params: SamplingParams) -> None:
+        """Check and compile ``params.structured_outputs`` into the engine's grammar cache
+        (thread safe; AsyncLLM calls it in its worker pool so that ``add_request`` on
+        the engine thread finds it compiled). Raises ValueError for an invalid spec."""
+        if params.structured_outputs is not None:
+            self.grammars.compile(params.structured_outputs)
+
+    def _grammar_state(self, params: SamplingParams, beam: bool) -> GrammarState | None:
+        if params.structured_outputs is None:
+            return None
+        if beam:
+            raise ValueError("structured_outputs cannot be combined with beam search")
+        return GrammarState(self.grammars, self.grammars.compile(params.structured_outputs))
+
+    def abort_request(self, request_id: str | Sequence[str]) -> None:
+        """Abort requests (all their sequences) at any time; their pages are freed at once."""
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        if self._leader is not None:
+            self._leader.publish_abort(ids)
+        for rid in ids:
+            self.processor.abort(rid)
+            self.core.abort_request(rid)
+
+    def has_unfinished_requests(self) -> bool:
+        """Requests still to finish (a step in flight whose requests all ended does
+        not count: the next step completes it and ignores its rows)."""
+        return len(self.processor) > 0 or self.scheduler.has_unfinished_requests()
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.processor)
+
+    def request_ids(self) -> list[str]:
+        """Ids of every unfinished request (waiting or running)."""
+        return self.processor.request_ids()
+
+    def step_request_ids(self) -> list[str]:
+        """Requests the latest ``step()`` worked on (its rows, and the step in flight):
+        the ones to fail when that step raised."""
+        return [rid for rid in self.core.step_request_ids() if self.processor.has(rid)]
+
+    def scheduled_request_ids(self) -> list[str]:
+        """Ids of unfinished requests that have been scheduled at least once."""
+        return self.processor.scheduled_request_ids()
+
+    # ------------------------------------------------------------------ beam search
+    def fork_sequence(self, seq_id: str, new_seq_id: str) -> None:
+        """A new sequence sharing ``seq_id``'s tokens and KV pages (copy-on-write)."""
+        self.core.fork_sequence(seq_id, new_seq_id)
+
+    def replace_pending_token(self, seq_id: str, token_id: int) -> None:
+        """Swap a sequence's newest token (sampled, its KV not written yet)."""
+        self.core.replace_pending_token(seq_id, token_id)
+
+    def take_top_logprobs(self, seq_id: str) -> dict[int, float] | None:
+        """A beam sequence's top-k logprobs from the latest step (once), else None."""
+        return self.core.take_top_logprobs(seq_id)
+
+    def finish_sequence(self, seq_id: str) -> None:
+        """End one sequence of a request (a beam not kept); its pages are freed."""
+        self.core.finish_sequences([seq_id])
+
+    def is_sequence_finished(self, seq_id: str) -> bool:
+        return self.core.is_finished(seq_id)
+
+    # ------------------------------------------------------------------ step
+    def step(self) -> list[RequestOutput]:
+        """Run one step; return outputs of requests that changed.
+
+        Outputs follow each request's ``output_kind``: cumulative (the default: each
+        CompletionOutput holds the whole text and token ids so far; a stop-string
+        prefix still being matched is held back), deltas (only what is new since the
+        request's previous output), or final only.
+        With ``async_scheduling`` the outputs are those of the step before the one
+        just launched.
+        """
+        if self._leader is not None:
+            self._leader.before_step()
+        outputs, stops = self.processor.process(self.core.step())
+        for seq_id, matched in stops:  # stop strings: finished by the core after the update
+            self.core.finish_sequences([seq_id], "stop", matched)
+        return outputs
+
+    @property
+    def num_steps(self) -> int:
+        return self.core.num_steps
+
+    @property
+    def num_generated_tokens(self) -> int:
+        return self.processor.num_generated_tokens
+
+    @property
+    def finished_metrics(self):
+        """Metrics of recently finished requests (bounded)."""
+        return self.processor.finished_metrics
+
+    # ------------------------------------------------------------------ stats
+    def pool_stats(self):
+        return self.scheduler.stats()
+
+    def spec_decode_stats(self) -> dict[str, int] | None:
+        """Speculative decoding totals since start (None when it is off): verified
+        rows with proposals, proposed tokens, accepted tokens (vLLM's
+        spec_decode_num_drafts / _num_draft_tokens / _num_accepted_tokens)."""
+        s = self.speculator
+        if s is None:
+            return None
+        return {"num_drafts": s.num_drafts, "num_draft_tokens": s.num_draft_tokens,
+                "num_accepted_tokens": s.num_accepted_tokens}
+
+    def num_compilations_since(self, start: int) -> int:
+        from pagedjax.worker.runner import CompileCounter
+
+        return CompileCounter.count - start

@@ -1,0 +1,149 @@
+"""LLM: the offline batch API with vLLM's names (generate, chat, beam_search)."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Sequence
+
+from pagedjax.config import EngineArgs
+from pagedjax.engine.llm_engine import LLMEngine
+from pagedjax.outputs import BeamSearchOutput, RequestOutput
+from pagedjax.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
+
+
+class LLM:
+    """An engine plus a tokenizer, for offline batched generation.
+
+    ``LLM()`` loads the default model (SmolLM2-135M-Instruct); ``model`` may
+    also be an HF folder or a ``.gguf`` file. Keyword arguments are
+    :class:`pagedjax.config.EngineArgs` fields (``max_model_len``,
+    ``num_pages``, ``page_size``, ``max_num_seqs``, ``enable_prefix_caching``,
+    ``attention_backend``, ``tensor_parallel_size``, ...).
+    """
+
+    def __init__(self, model: str | None = None, tokenizer: str | None = None, **kwargs: Any):
+        fields = set(EngineArgs.__dataclass_fields__)
+        unknown = sorted(set(kwargs) - fields)
+        if unknown:
+            raise TypeError(f"LLM() got unknown argument(s) {unknown}; valid: {sorted(fields)}")
+        self.engine_args = EngineArgs(model=model, tokenizer=tokenizer, **kwargs)
+        self.llm_engine = LLMEngine(self.engine_args)
+        self._ids = itertools.count()
+
+    def get_tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    # ------------------------------------------------------------------ generate
+    def generate(self, prompts: Any, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True, priority: Sequence[int] | None = None,
+                 lora_request=None) -> list[RequestOutput]:
+        """Generate completions for one prompt or a list (strings or token-id lists).
+
+        ``lora_request``: a :class:`pagedjax.LoRARequest` for every prompt, or a list
+        with one per prompt (None entries: the base model); needs ``enable_lora``.
+        Returns one :class:`RequestOutput` per prompt, in prompt order.
+        """
+        if isinstance(prompts, (str, dict)) or (
+                isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            params = [sampling_params] * len(prompts)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(prompts):
+                raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts; "
+                                 "give one, or one per prompt")
+        params = _final_only(params)
+        if priority is not None and len(priority) != len(prompts):
+            raise ValueError("priority must have one entry per prompt")
+        loras = list(lora_request) if isinstance(lora_request, (list, tuple)) \
+            else [lora_request] * len(prompts)
+        if len(loras) != len(prompts):
+            raise ValueError(f"got {len(loras)} lora requests for {len(prompts)} prompts; "
+                             "give one, or one per prompt")
+        engine = self.llm_engine
+        ids = []
+        try:
+            for i, (p, sp) in enumerate(zip(prompts, params)):
+                rid = str(next(self._ids))
+                engine.add_request(rid, p, sp, priority=priority[i] if priority else 0,
+                                   lora_request=loras[i])
+                ids.append(rid)
+        except Exception:
+            engine.abort_request(ids)
+            raise
+        return self._run(ids, use_tqdm)
+
+    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        from tqdm.auto import tqdm
+
+        engine = self.llm_engine
+        finished: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm)
+        wanted = set(ids)
+        try:
+            while len(finished) < len(ids):
+                if not engine.has_unfinished_requests():
+                    break
+                for out in engine.step():
+                    if out.finished and out.request_id in wanted:
+                        finished[out.request_id] = out
+                        bar.update(1)
+        except BaseException:
+            engine.abort_request(ids)
+            raise
+        finally:
+            bar.close()
+        return [finished[i] for i in ids if i in finished]
+
+    # ------------------------------------------------------------------ chat
+    def chat(self, messages, sampling_params: SamplingParams | None = None, use_tqdm: bool = True,
+             add_generation_prompt: bool = True, chat_template: str | None = None,
+             lora_request=None):
+        """Apply the model's chat template to one conversation or a list of them
+        (``lora_request`` as in :meth:`generate`)."""
+        from pagedjax.engine.tokenizer import apply_chat_template
+
+        convs = messages if messages and isinstance(messages[0], list) else [messages]
+        prompts = []
+        for conv in convs:
+            ids = apply_chat_template(self.llm_engine.tokenizer, conv,
+                                      add_generation_prompt=add_generation_prompt,
+                                      chat_template=chat_template)
+            prompts.append({"prompt_token_ids": ids})
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm,
+                             lora_request=lora_request)
+
+    # ------------------------------------------------------------------ beam search
+    def beam_search(self, prompts, params: BeamSearchParams) -> list[BeamSearchOutput]:
+        """Beam search with forked, page-sharing beams (see pagedjax/entrypoints/beam_search.py)."""
+        from pagedjax.entrypoints.beam_search import run_beam_search
+
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        return run_beam_search(self.llm_engine, list(prompts), params, self._ids)
+
+    def stats(self) -> dict:
+        """Pool and step statistics (pages used/cached/free, prefix hits, steps)."""
+        st = self.llm_engine.pool_stats()
+        return {"pool": st, "num_steps": self.llm_engine.num_steps,
+                "kv_waste": self.llm_engine.scheduler.kv_waste()}
+
+
+def _final_only(params: list[SamplingParams]) -> list[SamplingParams]:
+    """``generate`` returns final outputs only (as vLLM's LLM does): the engine then
+    builds no per-step output for these requests. Copies, one per distinct object;
+    the caller's parameters are left as they are."""
+    copies: dict[int, SamplingParams] = {}
+    out = []
+    for p in params:
+        if p.output_kind != RequestOutputKind.FINAL_ONLY:
+            if id(p) not in copies:
+                q = copies[id(p)] = p.clone()
+                q.output_kind = RequestOutputKind.FINAL_ONLY
+            p = copies[id(p)]
+        out.append(p)
+    return out

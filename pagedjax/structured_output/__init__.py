@@ -1,0 +1,1 @@
+"""Structured outputs: grammars compiled by llguidance and per-sequence token masks."""

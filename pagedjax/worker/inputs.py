@@ -1,0 +1,218 @@
+"""SchedulerOutput rows -> one padded step batch (host side, numpy only).
+
+Static shapes: every step is padded to a *bucket* so that only a few programs
+are ever compiled:
+
+* decode-only steps (every row feeds one token): T = S = bucket(rows) from
+  powers of two (1, 2, 4, ...), attention tiles of one row (``max_q_len=1``);
+* mixed steps (some row feeds a prompt chunk): T = bucket(tokens) from powers
+  of four >= 16, the last bucket being the step budget ``max_num_batched_tokens``
+  (rounded up to a power of two), S = bucket(rows) from powers of two >= 8;
+* P (page-table width): the XLA and C++ attention loop only as far as the
+  longest context, so they always get the full width (no P buckets); the
+  Pallas kernels size their grids by P, so for them P = bucket(longest
+  sequence's pages) from powers of two >= 4;
+* sampling rows (more than S when an n > 1 prompt completes) have their own
+  bucket, powers of two >= max(8, S), so the expensive model program never
+  depends on them and each S has few sampler programs; whether top logprobs
+  are wanted picks one width (20).
+
+The work is vectorized over rows and tokens: this is the host's share of every
+step, on the critical path when the device is fast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import operator
+from typing import Sequence
+
+import jax
+import numpy as np
+
+from pagedjax.models.base import AttentionMetadata
+from pagedjax.sample import sampler as sampler_mod
+from pagedjax.worker.page_table import PageTables
+from pagedjax.sample.sampler import RowState
+from pagedjax.sample.metadata import StaticColumns
+
+LOGPROB_BUCKETS = (20,)  # one top-k width: fewer sampler programs
+
+
+def pow2(n: int, minimum: int) -> int:
+    return max(minimum, 1 << max(0, (int(n) - 1).bit_length()))
+
+
+def pow4(n: int, minimum: int) -> int:
+    b = minimum
+    while b < n:
+        b *= 4
+    return b
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class BatchInputs:
+    """One padded step (device arrays)."""
+
+    token_ids: jax.Array  # i32[T] (-1 where token_src says where to read it)
+    token_src: jax.Array  # i32[T] index into the previous step's sampled tokens, -1: none
+    meta: AttentionMetadata
+    logits_index: jax.Array  # i32[S] each sequence's last token (its logits row)
+    prompt_next_ids: jax.Array  # i32[T] or i32[0]: next prompt token of each position
+
+
+@dataclasses.dataclass(slots=True)
+class SampleRow:
+    """One sampling row: which scheduled row it belongs to and its sampler state."""
+
+    request_id: str
+    row_index: int  # index into SchedulerOutput.rows
+    state: RowState
+    num_logprobs: int | None  # None: no logprobs wanted
+
+
+
+class Buckets:
+    """The padded shapes a runner compiles (see the module docstring)."""
+
+    def __init__(self, page_size: int, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_model_len: int, attn_backend: str):
+        self.page_size = page_size
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_pages = -(-max_model_len // page_size)
+        self.attn_backend = attn_backend
+
+    def bucket_sizes(self, num_rows: int, num_tokens: int, max_pages: int, decode: bool):
+        s = pow2(num_rows, 1 if decode else 8)
+        t = s if decode else max(min(pow4(num_tokens, 16), self.t_buckets()[-1]), s)
+        widths = self.p_buckets()
+        p = next((w for w in widths if w >= max_pages), widths[-1])
+        return t, s, p
+
+    def t_buckets(self) -> list[int]:
+        """Token buckets of mixed steps: powers of four, the last one the step budget."""
+        cap = pow2(self.max_num_batched_tokens, 16)
+        out, t = [], 16
+        while t < cap:
+            out.append(t)
+            t *= 4
+        return out + [cap]
+
+    def p_buckets(self) -> list[int]:
+        """Page-table widths: bucketed for the Pallas kernels (their grids depend on it),
+        always the full width on CPU (its attention loops over live pages only)."""
+        full = pow2(self.max_pages, 4)
+        if self.attn_backend in ("xla", "cpu_native"):
+            return [full]
+        return [1 << i for i in range(2, full.bit_length())]
+
+
+_token_ids = operator.attrgetter("token_ids")
+_start_pos = operator.attrgetter("start_pos")
+_num_spec = operator.attrgetter("num_spec")
+_last = operator.itemgetter(-1)
+_row_index = operator.attrgetter("row_index")
+_state = operator.attrgetter("state")
+_num_logprobs = operator.attrgetter("num_logprobs")
+
+
+def prepare(buckets: Buckets, rows, sample_rows: Sequence[SampleRow], prompt_lp: dict[str, int],
+        prompt_tokens: dict[str, list[int]] | None, token_src: dict[str, int] | None,
+        vocab_size: int, max_model_len: int, lora_slots=None, *, tables: PageTables,
+        columns: StaticColumns | None = None):
+    """Host-side padding. Returns (BatchInputs numpy pytree, SamplingTensors, statics).
+    ``lora_slots``: each row's LoRA slot (-1: none), None when LoRA is off.
+    ``tables``: the caller's page-table rows kept between steps (page_table.py);
+    ``columns``: its sampling rows' static columns (sampling_tensors.StaticColumns)."""
+    ps = buckets.page_size
+    n_rows = len(rows)
+    # The rows' columns by C-level loops (map + attrgetter: this runs per step, on the
+    # critical path when the device is fast); the rest is vectorized over rows and tokens.
+    toks = list(map(_token_ids, rows))
+    lens_l = list(map(len, toks))
+    starts_l = list(map(_start_pos, rows))
+    nspec_l = list(map(_num_spec, rows))
+    last_l = list(map(_last, toks))
+    num_tokens = sum(lens_l)
+    flat = last_l if num_tokens == n_rows else list(itertools.chain.from_iterable(toks))
+    decode = num_tokens == n_rows
+    lens = np.array(lens_l, np.int64)
+    starts = np.array(starts_l, np.int64)
+    ends = np.cumsum(lens)
+    max_pages = int(-(-(starts + lens).max() // ps))
+    num_sample_rows = len(sample_rows)
+    t, s, p = buckets.bucket_sizes(n_rows, num_tokens, max_pages, decode)
+    # Sampling rows (more than S when an n > 1 prompt completes) have their
+    # own bucket, so the expensive model program never depends on them; at
+    # least S of them, so that a sampler program serves a model bucket for
+    # any number of sampling rows up to S (padding rows are greedy, dropped).
+    r_pad = max(pow2(max(num_sample_rows, 1), 8), s)
+    offs = ends - lens
+    if decode:
+        row_of = np.arange(n_rows)
+        pos = starts
+    else:
+        row_of = np.repeat(np.arange(n_rows), lens)
+        pos = starts[row_of] + (np.arange(num_tokens) - offs[row_of])
+    token_ids = np.zeros(t, np.int32)
+    token_ids[:num_tokens] = flat
+    src = np.full(t, -1, np.int32)
+    if token_src:  # placeholders: the previous step's sampled token of that row
+        src[ends - 1] = [token_src[r.request_id] if last < 0 else -1
+                         for r, last in zip(rows, last_l)]
+    positions = np.zeros(t, np.int32)
+    positions[:num_tokens] = pos
+    slots = np.zeros(t, np.int32)
+    kv_lens = np.zeros(s, np.int32)
+    kv_lens[:n_rows] = starts + lens
+    page_table = tables.gather(rows, p, s)
+    slots[:num_tokens] = page_table[row_of, pos // ps] * ps + pos % ps
+    cu = np.zeros(s + 1, np.int32)
+    cu[1:n_rows + 1] = ends
+    cu[n_rows + 1:] = num_tokens
+    next_ids = np.zeros(t if prompt_lp else 0, np.int32)
+    # Speculative rows (num_spec proposals ending the row) also want the logits of
+    # the positions before each proposal: appended after the S last-token rows, row
+    # by row, the whole index padded to a power of two (>= S: no change without them).
+    total_spec = sum(nspec_l)
+    logits_index = np.zeros(pow2(s + total_spec, s), np.int32)
+    logits_index[:n_rows] = ends - 1
+    if total_spec:
+        nspec = np.array(nspec_l, np.int64)
+        spec_row = np.repeat(np.arange(n_rows), nspec)
+        within = np.arange(total_spec) - np.repeat(np.cumsum(nspec) - nspec, nspec)
+        logits_index[s:s + total_spec] = (ends - 1 - nspec)[spec_row] + within
+    sample_index = np.zeros(r_pad, np.int32)
+    sample_index[:num_sample_rows] = list(map(_row_index, sample_rows))
+    if prompt_lp:
+        for i, r in enumerate(rows):
+            if r.request_id in prompt_lp:
+                start = int(cu[i])
+                full = prompt_tokens[r.request_id]
+                for k in range(len(r.token_ids)):
+                    nxt = r.start_pos + k + 1
+                    next_ids[start + k] = full[nxt] if nxt < len(full) else 0
+    token_lora = None
+    if lora_slots is not None:  # per token, padding -1 (no adapter)
+        token_lora = np.full(t, -1, np.int32)
+        token_lora[:num_tokens] = np.asarray(lora_slots, np.int32)[row_of]
+    meta = AttentionMetadata(
+        positions=positions, slot_mapping=slots, kv_lens=kv_lens, page_table=page_table,
+        cu_q_lens=cu, num_seqs=np.int32(len(rows)), lora_slots=token_lora,
+        max_q_len=1 if decode else None)
+    batch = BatchInputs(token_ids=token_ids, token_src=src, meta=meta,
+                        logits_index=logits_index,
+                        prompt_next_ids=next_ids)
+    st = sampler_mod.build_sampling_tensors(
+        list(map(_state, sample_rows)), r_pad, vocab_size, max_model_len, columns)
+    wanted = [n for n in map(_num_logprobs, sample_rows) if n is not None]
+    num_logprobs = None
+    if wanted:
+        num_logprobs = next(b for b in LOGPROB_BUCKETS if b >= max(wanted))
+    prompt_k = None
+    if prompt_lp:
+        prompt_k = next(b for b in LOGPROB_BUCKETS if b >= max(prompt_lp.values()))
+    return batch, st, sample_index, num_logprobs, prompt_k, (t, s, p)

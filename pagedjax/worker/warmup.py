@@ -1,0 +1,160 @@
+"""Warm-up: compile every program a runner's steps can run, before the first request.
+
+A step runs up to three programs (runner.py): the model program of its
+padded shape (the expensive one), the sampler program of its logits rows,
+sampling rows and sampler variant, and page copies for n > 1 forks. Warm-up
+lists each distinct program once -- the model program of every step shape
+(``step_shapes``), the common sampler variants (``WARM_SAMPLING``) at every
+row bucket, the page copies -- and compiles them with ``jax.jit(...).lower(
+...).compile()`` on a pool of threads (XLA compiles with the GIL released,
+so the compilations run side by side and the Python tracing of one job
+overlaps the compilation of another). Nothing is executed. The jitted
+calls of later steps find these executables in jit's caches: no compilation
+after warm-up (tests/test_runner.py, tests/test_warmup.py).
+
+Penalties, logit bias / bad words and allowed_token_ids compile on first use.
+On the CPU platform the C++ draw makes min-p, top-k and top-p share one
+program with plain temperature sampling (``sampler.program_flags``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from typing import Callable
+
+from pagedjax.worker.inputs import LOGPROB_BUCKETS, Buckets, SampleRow, pow2
+from pagedjax.sample.sampler import RowState, build_sampling_tensors
+from pagedjax.sampling_params import SamplingParams
+
+# Sampler variants compiled at warm-up: (SamplingParams kwargs, logprobs).
+WARM_SAMPLING = (
+    (dict(temperature=0.0), None), (dict(temperature=1.0), None),
+    (dict(temperature=0.8, top_p=0.95), None),
+    (dict(temperature=0.0), 20), (dict(temperature=1.0), 20),
+    (dict(temperature=0.8, top_p=0.95), 20),
+)
+
+
+def default_workers() -> int:
+    """Threads that compile at once: the usable cores, at most 8."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    return max(1, min(n, 8))
+
+
+def step_shapes(buckets: Buckets, max_num_seqs: int) -> list[tuple[int, int, int, bool]]:
+    """Every (rows, tokens, pages, decode) combination whose bucket can occur."""
+    shapes = set()
+    s_max = pow2(max_num_seqs, 1)
+    for p in buckets.p_buckets():
+        s = 1
+        while s <= s_max:
+            shapes.add((s, s, p, True))
+            s *= 2
+        s = 8  # mixed steps pad rows to at least 8
+        while s <= max(s_max, 8):
+            for t in buckets.t_buckets():
+                if s <= t:
+                    shapes.add((s, t, p, False))
+            s *= 2
+    return sorted(shapes)
+
+
+def dummy_rows(buckets: Buckets, s: int, t: int, p: int, decode: bool):
+    """Rows (all on the null page) whose padded shape is exactly (s, t, p), or None
+    when no step has that shape."""
+    from pagedjax.core.scheduler import ScheduledRow
+
+    page_size = buckets.page_size
+    cap = p * page_size
+    if decode:
+        rows = [ScheduledRow(f"w{i}", [0], 0, [0], 1) for i in range(s)]
+        rows[0] = ScheduledRow("w0", [0], cap - 1, [0] * p, 1)
+        return rows
+    nrows = s if t > s else s - 1
+    counts = [t // nrows + (1 if i < t % nrows else 0) for i in range(nrows)]
+    if max(counts) < 2 or max(counts) > cap:
+        return None
+    rows = [ScheduledRow(f"w{i}", [0] * c, 0, [0] * (-(-c // page_size)), 1)
+            for i, c in enumerate(counts)]
+    rows[0] = ScheduledRow("w0", [0] * counts[0], cap - counts[0], [0] * p, 1)
+    if buckets.bucket_sizes(nrows, t, p, False) != (t, s, p):
+        return None
+    return rows
+
+
+def row_buckets(max_num_seqs: int) -> list[int]:
+    """The model's row buckets S (decode steps from 1, mixed steps from 8)."""
+    return [1 << i for i in range(pow2(max_num_seqs, 8).bit_length())]
+
+
+def sampler_rows(max_num_seqs: int) -> list[tuple[int, int]]:
+    """(logits rows, sampling rows) pairs warm-up compiles: logits rows are the
+    model's row buckets S, sampling rows are padded to >= max(8, S)
+    (inputs.prepare) and reach twice S when n > 1 prompts fork."""
+    return [(s, r) for s in row_buckets(max_num_seqs)
+            for r in sorted({max(8, s), max(8, 2 * s)})]
+
+
+def compile_jobs(runner, shapes=None) -> dict[tuple, Callable[[], object]]:
+    """Each distinct program of warm-up once: key -> a job that compiles it.
+    ``shapes``: the step shapes (default ``step_shapes``); the sampler and
+    page-copy programs are always all listed."""
+    shapes = shapes if shapes is not None else runner.warmup_shapes()
+    greedy = SamplingParams(temperature=0.0, max_tokens=1)
+    jobs: dict[tuple, Callable[[], object]] = {}
+    # Largest model programs first: they take longest, the pool then balances.
+    for s, t, p, decode in sorted(shapes, key=lambda x: (-x[1], -x[0])):
+        rows = dummy_rows(runner.buckets, s, t, p, decode)
+        if rows is None:
+            continue
+        srows = [SampleRow(r.request_id, i, RowState(greedy, [0], []), None)
+                 for i, r in enumerate(rows)]
+        key, job = runner.model_compile_job(rows, srows)
+        jobs.setdefault(key, job)
+    for s, r in sampler_rows(runner.max_num_seqs):
+        for kw, lp in WARM_SAMPLING:
+            params = SamplingParams(max_tokens=1, logprobs=lp, **kw)
+            st = build_sampling_tensors([RowState(params, [0], [])], r, runner.vocab_size,
+                                        runner.max_model_len)
+            num_logprobs = None if lp is None else next(b for b in LOGPROB_BUCKETS if b >= lp)
+            key, job = runner.sampler_compile_job(s, st, num_logprobs)
+            jobs.setdefault(key, job)
+    for r in row_buckets(runner.max_num_seqs):  # copy-on-write page copies (n > 1, beams)
+        key, job = runner.copy_compile_job(r)
+        jobs.setdefault(key, job)
+    return jobs
+
+
+def run_jobs(jobs: dict[tuple, Callable[[], object]], workers: int,
+             progress: bool = False) -> None:
+    """Run every job on ``workers`` threads (the first error is raised)."""
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(jobs), desc="Compiling", disable=not progress)
+    try:
+        if workers <= 1:
+            for job in jobs.values():
+                job()
+                bar.update()
+            return
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pagedjax-compile") as ex:
+            for fut in as_completed([ex.submit(job) for job in jobs.values()]):
+                fut.result()
+                bar.update()
+    finally:
+        bar.close()
+
+
+def warmup(runner, progress: bool = True, shapes=None, workers: int | None = None) -> float:
+    """Compile every program of ``runner`` (see the module docstring); seconds taken.
+    ``workers``: compiling threads (default ``default_workers()``; 1: in this thread)."""
+    if workers is not None and (not isinstance(workers, int) or workers < 1):
+        raise ValueError(f"workers must be a positive integer, got {workers!r}")
+    t0 = time.perf_counter()
+    run_jobs(compile_jobs(runner, shapes), workers or default_workers(), progress)
+    return time.perf_counter() - t0
