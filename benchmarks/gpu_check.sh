@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-shot GPU check for the ragged paged-attention kernels, meant for ONE
 # device call:   bash benchmarks/gpu_check.sh
-# 1. tests/test_kernels.py with the Triton kernel native (PAGEDJAX_KERNEL_NATIVE=1;
+# 1. tests/kernels_pallas/test_kernels.py with the Triton kernel native (PAGEDJAX_KERNEL_NATIVE=1;
 #    the TPU-kernel cases are deselected: they would only run its interpreter);
 # 2. benchmarks/attention_kernels.py (decode/mixed grid, HBM bandwidth vs peak, JAX's own
 #    GPU paged attention on the same decode inputs).
@@ -13,7 +13,7 @@ mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 { nvidia-smi; "$PY" -c 'import jax; print(jax.__version__, jax.devices())'; } > "$OUT/env.txt" 2>&1
-PAGEDJAX_KERNEL_NATIVE=1 timeout 330 "$PY" -m pytest -q -p no:cacheprovider tests/test_kernels.py \
+PAGEDJAX_KERNEL_NATIVE=1 timeout 330 "$PY" -m pytest -q -p no:cacheprovider tests/kernels_pallas/test_kernels.py \
   -k "not tpu and not mosaic" --durations=10 --junitxml="$OUT/test_kernels.xml" \
   > "$OUT/test_kernels.log" 2>&1
 TEST_RC=$?

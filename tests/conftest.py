@@ -26,7 +26,7 @@ def smollm2_tokenizer(smollm2_gguf):
 
 
 # The OpenAI server tests share ONE real server subprocess per session.
-from tests.server_utils import server  # noqa: E402,F401
+from tests.utils.server import server  # noqa: E402,F401
 
 
 # Under pytest-xdist each worker gets one core: XLA's own thread pool in two

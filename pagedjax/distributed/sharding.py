@@ -26,7 +26,7 @@ below maps them to the mesh axis:
                                        layers, learned positions, OPT projections)
     quantized weights                  each component keeps its weight's axes
     LoRA slot tables a [N, In, R]      A on its kernel's input axis, B on its output
-                     b [N, R, *Out]    axes (models/lora.py; tests/test_lora_tp.py)
+                     b [N, R, *Out]    axes (models/lora.py; tests/lora/test_lora_tp.py)
     KV pool [pages, 2, Hkv, page_size, D] split axis 2; int8/fp8 scales axis 2
 
 A dimension N does not divide (intermediate size, vocabulary) is replicated

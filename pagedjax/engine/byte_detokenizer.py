@@ -12,7 +12,7 @@ row per step on the engine thread.
 :func:`byte_table` builds the table from the tokenizer and checks it against
 the tokenizer's own ``decode`` (every id alone, and random sequences); any
 difference, or a tokenizer of another kind, gives None and the engine keeps
-``IncrementalDetokenizer``. ``tests/test_byte_detokenizer.py`` compares the
+``IncrementalDetokenizer``. ``tests/engine/test_byte_detokenizer.py`` compares the
 two on real text, invalid UTF-8 and special tokens.
 """
 

@@ -13,7 +13,7 @@ a new list. So a row whose list is the same object with the same length as last
 time is unchanged (one identity check, no compare of its pages); the same
 object, longer, gained pages at its end; another object is written whole. The
 step's table is then one gather ``table[slots, :P]``. The rows it returns equal
-the page lists it was given, zero-padded (``tests/test_runner.py`` checks it
+the page lists it was given, zero-padded (``tests/worker/test_runner.py`` checks it
 against the row-by-row build).
 """
 

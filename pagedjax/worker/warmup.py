@@ -10,7 +10,7 @@ row bucket, the page copies -- and compiles them with ``jax.jit(...).lower(
 so the compilations run side by side and the Python tracing of one job
 overlaps the compilation of another). Nothing is executed. The jitted
 calls of later steps find these executables in jit's caches: no compilation
-after warm-up (tests/test_runner.py, tests/test_warmup.py).
+after warm-up (tests/worker/test_runner.py, tests/worker/test_warmup.py).
 
 Penalties, logit bias / bad words and allowed_token_ids compile on first use.
 On the CPU platform the C++ draw makes min-p, top-k and top-p share one

@@ -1,6 +1,6 @@
 """Response bodies as pydantic models: they only describe the API in /openapi.json.
 
-The handlers build plain dicts; ``tests/test_server_openapi.py`` runs
+The handlers build plain dicts; ``tests/entrypoints/openai/test_server_openapi.py`` runs
 schemathesis, which checks every response against these schemas.
 """
 
