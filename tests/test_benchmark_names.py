@@ -1,5 +1,5 @@
-"""The benchmark scripts run as ``python benchmarks/<name>.py``, which puts
-``benchmarks/`` first on ``sys.path``: a script named like an installed module
+"""The benchmark scripts run as ``python benchmarks/<kind>/<name>.py``, which puts
+their folder first on ``sys.path``: a script named like an installed module
 shadows it for every import in that process. (``benchmarks/kernels.py`` did:
 transformers 5.25 imports the ``kernels`` package, so every benchmark that
 loaded transformers failed with ``cannot import name 'CUDAProperties'``.)
@@ -12,13 +12,19 @@ import os
 import subprocess
 import sys
 
-BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+from tests.utils.paths import REPO
+
+BENCH = os.path.join(REPO, "benchmarks")
+FOLDERS = sorted(os.path.join(BENCH, d) for d in os.listdir(BENCH)
+                 if os.path.isdir(os.path.join(BENCH, d)) and not d.startswith((".", "_"))
+                 and d != "results")
 
 
 def test_no_benchmark_script_shadows_an_installed_module():
     # Asked in a child whose sys.path lacks benchmarks/ and the repository root
     # (as any other program of this environment would see it).
-    names = sorted(f[:-3] for f in os.listdir(BENCH) if f.endswith(".py") and f != "__init__.py")
+    names = sorted(f[:-3] for d in FOLDERS for f in os.listdir(d)
+                   if f.endswith(".py") and f != "__init__.py")
     code = ("import importlib.util, json, sys\n"
             "names = json.loads(sys.argv[1])\n"
             "print(json.dumps([n for n in names if n in sys.stdlib_module_names\n"
@@ -26,8 +32,8 @@ def test_no_benchmark_script_shadows_an_installed_module():
     out = subprocess.run([sys.executable, "-I", "-c", code, json.dumps(names)], cwd="/",
                          capture_output=True, text=True, check=True)
     clashes = json.loads(out.stdout)
-    assert clashes == [], f"benchmarks/{clashes[0]}.py shadows an installed module: rename it"
-    assert "throughput" in names  # the listing itself worked
+    assert clashes == [], f"benchmarks/*/{clashes[0]}.py shadows an installed module: rename it"
+    assert "cold_start" in names and "host_overhead" in names  # the listing itself worked
 
 
 def test_a_benchmark_script_imports_transformers():
@@ -36,6 +42,7 @@ def test_a_benchmark_script_imports_transformers():
             "import transformers\n"
             "from transformers import LlamaConfig\n"
             "print(LlamaConfig.model_type)\n")
-    out = subprocess.run([sys.executable, "-c", code, BENCH], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "llama"
+    for folder in FOLDERS:
+        out = subprocess.run([sys.executable, "-c", code, folder], capture_output=True, text=True)
+        assert out.returncode == 0, folder + ": " + out.stderr[-2000:]
+        assert out.stdout.strip() == "llama"

@@ -1,4 +1,4 @@
-"""Smoke test of benchmarks/throughput.py: a tiny workload through every code path.
+"""Smoke test of pagedjax/benchmarks/throughput.py: a tiny workload through every code path.
 
 Uses a tiny random Llama (HF folder + the default model's tokenizer) so that
 pagedjax, transformers static ``generate`` and transformers continuous
@@ -37,7 +37,7 @@ def tiny_folder(tmp_path_factory, smollm2_gguf):
 
 
 def test_throughput_smoke(tiny_folder, tmp_path):
-    from benchmarks import throughput
+    from pagedjax.benchmarks import throughput
 
     out = tmp_path / "tp.json"
     rc = throughput.main(["--model", tiny_folder, "--num-requests", "5", "--input-mean", "8",
@@ -91,7 +91,7 @@ def test_throughput_smoke(tiny_folder, tmp_path):
 
 def test_throughput_int8_smoke(tiny_folder, tmp_path):
     """--quantization int8 reaches pagedjax's LLM: int8 weights (~1/4 of the float file)."""
-    from benchmarks import throughput
+    from pagedjax.benchmarks import throughput
 
     out = tmp_path / "tp_int8.json"
     rc = throughput.main(["--model", tiny_folder, "--num-requests", "3", "--input-mean", "8",
@@ -110,7 +110,7 @@ def test_throughput_int8_smoke(tiny_folder, tmp_path):
 
 
 def test_throughput_rounds_alternate_and_combine():
-    from benchmarks.throughput import _order, combine
+    from pagedjax.benchmarks.throughput import _order, combine
 
     systems = ["pagedjax", "hf_static"]
     assert _order(systems, 0) == systems and _order(systems, 1) == systems[::-1]
@@ -126,7 +126,7 @@ def test_throughput_rounds_alternate_and_combine():
 
 
 def test_step_floor_smoke(tiny_folder, tmp_path):
-    from benchmarks import step_floor
+    from benchmarks.step import step_floor
 
     out = tmp_path / "floor.json"
     rc = step_floor.main(["--model", tiny_folder, "--rows", "1,4", "--context", "40",
@@ -141,7 +141,7 @@ def test_step_floor_smoke(tiny_folder, tmp_path):
 
 
 def test_step_floor_prices_a_profile():
-    from benchmarks.step_floor import price_profile
+    from benchmarks.step.step_floor import price_profile
 
     steps = [{"kind": "decode", "rows": 1, "tokens": 1, "no_attention_ms": 10.0},
              {"kind": "decode", "rows": 4, "tokens": 4, "no_attention_ms": 20.0},
@@ -156,7 +156,7 @@ def test_step_floor_prices_a_profile():
 
 
 def test_sampler_benchmark_smoke(tiny_folder, tmp_path):
-    from benchmarks import sampler as bench
+    from benchmarks.kernels import sampler as bench
 
     out = tmp_path / "sampler.json"
     rc = bench.main(["--model", tiny_folder, "--rows", "8", "--logits", "flat", "--step-rows", "8",
@@ -171,7 +171,7 @@ def test_sampler_benchmark_smoke(tiny_folder, tmp_path):
 
 
 def test_step_profile_smoke(tiny_folder, tmp_path):
-    from benchmarks import step_profile
+    from benchmarks.step import step_profile
 
     out = tmp_path / "profile.json"
     rc = step_profile.main(["--model", tiny_folder, "--rows", "2,4", "--context", "40",
@@ -191,7 +191,7 @@ def test_step_profile_smoke(tiny_folder, tmp_path):
 
 
 def test_step_profile_derives_parts():
-    from benchmarks.step_profile import derive
+    from benchmarks.step.step_profile import derive
 
     p = {"rows": 64, "step_ms": 300.0, "model_ms": 250.0, "no_attention_ms": 200.0,
          "lm_head_ms": 30.0, "kv_write_ms": 5.0, "sample_greedy_ms": 2.0}
@@ -204,8 +204,8 @@ def test_step_profile_derives_parts():
 
 
 def test_host_overhead_smoke(smollm2_gguf, tmp_path):
-    """benchmarks/host_overhead.py end to end on one tiny cell (a fresh child process)."""
-    from benchmarks import host_overhead
+    """benchmarks/host/host_overhead.py end to end on one tiny cell (a fresh child process)."""
+    from benchmarks.host import host_overhead
 
     out = tmp_path / "host.json"
     rc = host_overhead.main(["--part", "host", "--rows", "2", "--contexts", "20", "--steps", "3",
@@ -239,7 +239,7 @@ def test_host_overhead_smoke(smollm2_gguf, tmp_path):
 def test_host_overhead_split_cores_child(tmp_path):
     """The overlap part's accelerator stand-in: a child whose engine thread runs on core 0
     and XLA on one thread elsewhere, with overlap on (a tiny 1k-vocabulary model)."""
-    from benchmarks import host_overhead
+    from benchmarks.host import host_overhead
 
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs two cores to give the device one of its own")
@@ -254,9 +254,9 @@ def test_host_overhead_split_cores_child(tmp_path):
 
 
 def test_spec_decode_benchmark_smoke(tiny_folder, tmp_path):
-    """benchmarks/spec_decode.py on one tiny cell per method, each in a fresh process;
+    """benchmarks/features/spec_decode.py on one tiny cell per method, each in a fresh process;
     the draft is the tiny model's first layer written to a temporary HF folder."""
-    from benchmarks import spec_decode
+    from benchmarks.features import spec_decode
 
     out = tmp_path / "spec.json"
     rc = spec_decode.main(["--model", tiny_folder, "--workloads", "random", "--batches", "2",
@@ -285,7 +285,7 @@ def test_spec_decode_benchmark_smoke(tiny_folder, tmp_path):
 def test_cold_start_smoke(tiny_folder, tmp_path):
     """Cold then warm start in fresh processes: phases timed, nothing compiled after
     warm-up, the C++ builds found in the cache by the warm process."""
-    from benchmarks import cold_start as bench
+    from benchmarks.startup import cold_start as bench
 
     out = tmp_path / "cold_start.json"
     rc = bench.main(["--model", tiny_folder, "--max-num-seqs", "8", "--max-tokens", "4",

@@ -4,24 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
-import os
 import sys
-
-
-def _repo_benchmarks(name: str):
-    """Import benchmarks/<name>.py lazily (it lives next to the package, not in it)."""
-    try:
-        return importlib.import_module(f"benchmarks.{name}")
-    except ImportError:
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        path = os.path.join(root, "benchmarks", f"{name}.py")
-        if not os.path.exists(path):
-            raise
-        spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
 
 
 def cmd_serve(ns: argparse.Namespace) -> int:
@@ -37,12 +20,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
 
 def _passthrough(name: str):
     def run(ns: argparse.Namespace) -> int:
-        try:
-            mod = _repo_benchmarks(name)
-        except ImportError:
-            print(f"error: benchmarks/{name}.py is not available in this checkout",
-                  file=sys.stderr)
-            return 1
+        mod = importlib.import_module(f"pagedjax.benchmarks.{name}")
         rc = mod.main(ns.bench_args)
         return int(rc or 0)
     return run
@@ -62,9 +40,9 @@ def register(sub) -> None:
 
     b = sub.add_parser("bench", help="benchmarks: throughput (offline) or serving (HTTP)")
     bsub = b.add_subparsers(dest="bench_command", required=True)
-    for name, helptext in (("throughput", "offline throughput (benchmarks/throughput.py)"),
+    for name, helptext in (("throughput", "offline throughput (pagedjax/benchmarks/throughput.py)"),
                            ("serving", "online serving latency/throughput "
-                                       "(benchmarks/serving.py)")):
+                                       "(pagedjax/benchmarks/serving.py)")):
         # prefix_chars="+": every "--option" (and --help) is handed to the script.
         p = bsub.add_parser(name, help=helptext, add_help=False, prefix_chars="+",
                             description=f"{helptext}; all options are passed to the script "

@@ -1,4 +1,4 @@
-"""The suite's soak: benchmarks/soak.py for 30 s against the shared real server.
+"""The suite's soak: benchmarks/serving/soak.py for 30 s against the shared real server.
 
 128 streaming clients, completions and chat with mixed parameters, 15% walking
 away mid-stream. Nothing may fail or hang, and once the server is idle no KV

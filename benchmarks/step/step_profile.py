@@ -1,7 +1,7 @@
 """Where a decode step's time goes, per batch size, next to the same run's matmul floor.
 
-    python benchmarks/step_profile.py                     # default model, 16/64/128/256 rows
-    python benchmarks/step_profile.py --rows 64,128 --context 256
+    python benchmarks/step/step_profile.py                     # default model, 16/64/128/256 rows
+    python benchmarks/step/step_profile.py --rows 64,128 --context 256
 
 For each row count R (every row one new token at ``--context`` tokens of
 context, on its own pages), in one process:
@@ -42,13 +42,13 @@ import time
 import numpy as np
 
 if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from benchmarks import machine  # noqa: E402
-from benchmarks.sampler import _median_ms  # noqa: E402
-from benchmarks.throughput import write_json  # noqa: E402
+from pagedjax.benchmarks import machine  # noqa: E402
+from benchmarks.kernels.sampler import _median_ms  # noqa: E402
+from pagedjax.benchmarks.throughput import write_json  # noqa: E402
 
-DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+DEFAULT_JSON = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results",
                             "step_profile.json")
 
 

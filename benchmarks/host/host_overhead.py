@@ -50,8 +50,8 @@ device step longer than the host work.
 The script runs on older checkouts too (``PYTHONPATH=<old checkout>``): it only
 uses ``LLM``, ``SamplingParams`` and ``engine.step()``.
 
-    python benchmarks/host_overhead.py                      # both parts
-    python benchmarks/host_overhead.py --part host --rows 1,8,64,256 --contexts 256,2048
+    python benchmarks/host/host_overhead.py                      # both parts
+    python benchmarks/host/host_overhead.py --part host --rows 1,8,64,256 --contexts 256,2048
 
 Each host cell runs in ``--processes`` fresh processes per checkout (default 3,
 alternating with ``--baseline``): the same code varies 1.4-2x between
@@ -73,12 +73,12 @@ import time
 
 import numpy as np
 
-if __package__:  # imported (benchmarks.host_overhead): the instruments of this checkout
-    from benchmarks import host_counters
+if __package__:  # imported (benchmarks.host.host_overhead): the instruments of this checkout
+    from benchmarks.host import host_counters
 else:  # run as a script, also in the children whose PYTHONPATH is the checkout measured
     import host_counters  # this directory (sys.path[0]), never the measured checkout's
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VOCAB = 49152
 
 

@@ -11,7 +11,7 @@ and writes JSON (``benchmarks/results/attention_kernels.json`` or ``--json``).
 Elsewhere (CPU): a correctness pass of both kernels in interpret mode against
 the reference on small shapes; no speed is measured.
 
-    python benchmarks/attention_kernels.py [--json PATH] [--quick]
+    python benchmarks/kernels/attention_kernels.py [--json PATH] [--quick]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

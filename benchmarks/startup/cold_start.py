@@ -1,7 +1,7 @@
 """Start-up from a cold cache and from a warm one, default configuration.
 
-    python benchmarks/cold_start.py                 # cold process, then warm process
-    python benchmarks/cold_start.py --runs cold
+    python benchmarks/startup/cold_start.py                 # cold process, then warm process
+    python benchmarks/startup/cold_start.py --runs cold
 
 Each run is a fresh ``python`` process whose ``PAGEDJAX_CACHE`` (tokenizers,
 XLA's persistent compilation cache) and ``PAGEDJAX_CACHE_DIR`` (the C++
@@ -39,11 +39,11 @@ import tempfile
 import time
 
 if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from benchmarks import machine  # noqa: E402
+from pagedjax.benchmarks import machine  # noqa: E402
 
-DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+DEFAULT_JSON = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results",
                             "cold_start.json")
 PHASES = ("import", "load", "warmup", "generate")
 
@@ -118,7 +118,7 @@ def child(max_tokens: int, workers: int | None, model: str | None, max_num_seqs:
 def run_child(cache: str, ns: argparse.Namespace) -> dict:
     env = dict(os.environ, PAGEDJAX_CACHE=cache, PAGEDJAX_CACHE_DIR=cache)
     env.pop("PAGEDJAX_NATIVE_MATMUL_ROWS", None)  # measured, as a new user's first start
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH")) if p)
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--max-tokens",
            str(ns.max_tokens), "--max-num-seqs", str(ns.max_num_seqs)]

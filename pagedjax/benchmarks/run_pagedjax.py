@@ -1,4 +1,4 @@
-"""The pagedjax side of benchmarks/throughput.py (run in its own process).
+"""The pagedjax side of pagedjax/benchmarks/throughput.py (run in its own process).
 
 ``run_pagedjax``: ``LLMEngine`` (continuous batching over the paged KV pool)
 after a warm-up that compiles every step shape the workload can reach (the
@@ -15,8 +15,8 @@ import time
 
 import numpy as np
 
-from benchmarks.workload import mean as _mean
-from benchmarks.workload import summary as _summary
+from pagedjax.benchmarks.workload import mean as _mean
+from pagedjax.benchmarks.workload import summary as _summary
 
 
 def needed_shapes(runner, reqs, max_num_seqs: int, mnbt: int) -> list:

@@ -20,8 +20,8 @@ Part 2 (compile and mask, this process, no model): llguidance's tokenizer view
 (median of 200 cache hits); and the mask time per token: a valid output is
 tokenized and fed to a matcher token by token, timing ``GrammarState.mask``.
 
-    python benchmarks/structured_outputs.py            # both parts
-    python benchmarks/structured_outputs.py --part compile
+    python benchmarks/features/structured_outputs.py            # both parts
+    python benchmarks/features/structured_outputs.py --part compile
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
 LONG_JSON = {"type": "object", "additionalProperties": False, "required": ["items"],
@@ -133,7 +133,7 @@ def _valid_text(spec) -> str:
 
 
 def compile_part() -> list[dict]:
-    from benchmarks.host_overhead import default_gguf
+    from benchmarks.host.host_overhead import default_gguf
     from pagedjax import StructuredOutputsParams as S
     from pagedjax.structured_output.grammar import GrammarCompiler, GrammarState
     from pagedjax.engine.tokenizer import load_tokenizer
@@ -186,7 +186,7 @@ def main(argv=None) -> int:
     if a.child:
         print(json.dumps(child(a.child)))
         return 0
-    from benchmarks.machine import machine
+    from pagedjax.benchmarks.machine import machine
 
     result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
               "rows": ROWS, "max_tokens": MAX_TOKENS, "loadavg_start": loadavg()}

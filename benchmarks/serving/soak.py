@@ -1,8 +1,8 @@
 """Soak test of the OpenAI server: many streaming clients, mixed requests, disconnects.
 
-    python benchmarks/soak.py                                   # 128 clients, 10 minutes
-    python benchmarks/soak.py --duration 30                     # the suite's short version
-    python benchmarks/soak.py --base-url http://127.0.0.1:8000 --server-pid PID --api-key KEY
+    python benchmarks/serving/soak.py                                   # 128 clients, 10 minutes
+    python benchmarks/serving/soak.py --duration 30                     # the suite's short version
+    python benchmarks/serving/soak.py --base-url http://127.0.0.1:8000 --server-pid PID --api-key KEY
 
 Without --base-url it starts its own server on loopback (small engine settings
 for CPU). Each client loops until the time or the request budget is spent:
@@ -30,8 +30,7 @@ import threading
 import time
 import urllib.request
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from machine import loadavg, machine  # noqa: E402
+from pagedjax.benchmarks.machine import loadavg, machine  # noqa: E402
 
 PROMPTS = ["Tell me about the sea.", "Write a short poem about autumn.", "def quicksort(xs):",
            "The three laws of motion are", "Summarize: the cat sat on the mat.",
@@ -286,7 +285,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup", action="store_true",
                    help="start the server with --warmup (every step shape compiled first)")
-    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
+    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                                  "results", "soak.json"))
     ns = p.parse_args(argv)
     proc = None

@@ -19,18 +19,18 @@ import sys
 import time
 
 if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks.throughput import write_json  # noqa: E402
+from pagedjax.benchmarks.throughput import write_json  # noqa: E402
 from pagedjax.kernels_pallas.cpu import native as cpu_native, qmatmul as cpu_qmatmul  # noqa: E402
 from pagedjax.kernels_pallas import reference  # noqa: E402
 from pagedjax.models import quant as Q  # noqa: E402
 
-DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "cpu_kernels.json")
+DEFAULT_JSON = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "cpu_kernels.json")
 INT8_JSON = DEFAULT_JSON.replace("cpu_kernels.json", "cpu_kernels_int8.json")
 
 

@@ -1,7 +1,7 @@
 """Online serving benchmark: Poisson arrivals against an OpenAI-compatible server.
 
-    python benchmarks/serving.py                      # starts a local server itself
-    python benchmarks/serving.py --base-url http://127.0.0.1:8000 --request-rates 1,4,inf
+    pagedjax bench serving                      # starts a local server itself
+    pagedjax bench serving --base-url http://127.0.0.1:8000 --request-rates 1,4,inf
     pagedjax bench serving --num-prompts 16
 
 Workload: ShareGPT-shaped random lengths (lognormal around the vLLM paper's
@@ -178,8 +178,8 @@ def parse_args(argv=None):
                    help="ShareGPT length scale (0.15 -> ~24 input / ~51 output tokens)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout (s)")
-    p.add_argument("--output", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                    "results", "serving.json"))
+    p.add_argument("--output", default=os.path.join("benchmarks", "results", "serving.json")
+                   if os.path.isdir("benchmarks") else "pagedjax_serving.json")
     g = p.add_argument_group("server started when --base-url is absent (mirrors LLM(...))")
     g.add_argument("--model", default=None)
     g.add_argument("--port", type=int, default=8123)

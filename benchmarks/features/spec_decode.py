@@ -2,8 +2,8 @@
 speculation off, n-gram prompt lookup and a draft model, at batch 1 and batch 16, on a
 repetitive workload and on a random one; every cell in its own fresh process.
 
-    python benchmarks/spec_decode.py                                  # the full grid
-    python benchmarks/spec_decode.py --batches 1 --workloads repeat --methods off,ngram
+    python benchmarks/features/spec_decode.py                                  # the full grid
+    python benchmarks/features/spec_decode.py --batches 1 --workloads repeat --methods off,ngram
 
 Target: the real default model, SmolLM2-135M-Instruct (the GGUF in the venv), greedy,
 ``ignore_eos`` (every method emits the same number of tokens; greedy speculation is
@@ -14,7 +14,7 @@ Workloads (built the same way in every child):
 * ``repeat``: "repeat/copy/rewrite the following text" chat prompts over four fixed
   English paragraphs (4 instructions x 4 paragraphs = 16 distinct prompts). The
   answer copies its prompt, so prompt lookup (n-gram) finds its continuations;
-* ``random``: the random-token ShareGPT-shaped requests of benchmarks/throughput.py
+* ``random``: the random-token ShareGPT-shaped requests of pagedjax/benchmarks/throughput.py
   (``benchmarks/workload.make_workload``: lognormal lengths, random token ids),
   scaled by ``--input-mean``; there is nothing to look up, so n-gram rarely proposes.
 
@@ -59,8 +59,8 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if __package__ in (None, ""):  # `python benchmarks/spec_decode.py`
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if __package__ in (None, ""):  # `python benchmarks/features/spec_decode.py`
     sys.path.insert(0, ROOT)
 
 METHODS = ("off", "ngram", "draft", "draft_self")
@@ -132,7 +132,7 @@ def _workload(llm, ns, workload: str, batch: int):
     """[(prompt token ids, output length)] of a cell."""
     n = batch if batch > 1 else ns.batch1_requests
     if workload == "random":
-        from benchmarks.workload import make_workload
+        from pagedjax.benchmarks.workload import make_workload
 
         vocab = llm.llm_engine.model.info.vocab_size
         reqs = make_workload(n, ns.input_mean, ns.output_len, vocab, ns.seed)
@@ -228,7 +228,7 @@ def child(ns) -> dict:
 def run_cell(argv_base: list[str], workload: str, batch: int, method: str,
              draft_folder: str | None, tmp: str) -> dict:
     """One cell in a fresh interpreter; -> its result with the load around it."""
-    from benchmarks import machine
+    from pagedjax.benchmarks import machine
 
     out = os.path.join(tmp, f"{workload}-{batch}-{method}.json")
     cmd = [sys.executable, os.path.abspath(__file__), *argv_base, "--child-out", out,
@@ -250,7 +250,7 @@ def run_cell(argv_base: list[str], workload: str, batch: int, method: str,
 
 
 def _agreement(a: list[list[int]], b: list[list[int]]) -> float:
-    from benchmarks.workload import agreement
+    from pagedjax.benchmarks.workload import agreement
 
     return agreement(a, b)
 
@@ -315,7 +315,7 @@ def main(argv=None) -> int:
         with open(ns.child_out, "w") as f:
             json.dump(res, f)
         return 0
-    from benchmarks import machine
+    from pagedjax.benchmarks import machine
 
     methods = ns.methods.split(",")
     bad = sorted(set(methods) - set(METHODS))

@@ -1,22 +1,22 @@
 """Offline throughput: the same requests through pagedjax and two transformers baselines,
 each system in its own fresh process.
 
-    python benchmarks/throughput.py                       # 64 ShareGPT-shaped requests
-    python benchmarks/throughput.py --workload long --repeat 2
-    python benchmarks/throughput.py --num-requests 16 --skip-hf
+    pagedjax bench throughput                       # 64 ShareGPT-shaped requests
+    pagedjax bench throughput --workload long --repeat 2
+    pagedjax bench throughput --num-requests 16 --skip-hf
     pagedjax bench throughput -- --num-requests 16
 
 Systems, all on identical prompt token ids and identical output lengths
-(``--workload``: see benchmarks/workload.py; ``--num-requests``,
+(``--workload``: see pagedjax/benchmarks/workload.py; ``--num-requests``,
 ``--input-mean`` and ``--output-mean`` override the preset):
 
-* **pagedjax** (benchmarks/run_pagedjax.py): ``LLMEngine`` after a warm-up that
+* **pagedjax** (pagedjax/benchmarks/run_pagedjax.py): ``LLMEngine`` after a warm-up that
   compiles every step shape the workload can reach; compilations during the
   timed run are counted (must be 0); KV waste, peak pages, a per-bucket step
   profile and a sharing experiment (8 prompts x ``n=4`` vs 32 independent);
   ``--quantization int8|gguf`` keeps pagedjax's weights quantized on the device
   (the weight memory and the mode go into the JSON);
-* **HF static** and **HF continuous** (benchmarks/hf_baselines.py):
+* **HF static** and **HF continuous** (pagedjax/benchmarks/hf_baselines.py):
   transformers ``generate`` on static batches of 16, and transformers' own
   continuous batching.
 
@@ -45,16 +45,20 @@ import time
 
 import numpy as np
 
-if __package__ in (None, ""):  # `python benchmarks/throughput.py`: make pagedjax importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from pagedjax.benchmarks import machine  # noqa: E402
+from pagedjax.benchmarks.hf_baselines import HF_STATIC_BATCH  # noqa: E402
+from pagedjax.benchmarks.workload import (  # noqa: E402
+    SHAREGPT_MEAN_IN,
+    SHAREGPT_MEAN_OUT,
+    WORKLOADS,
+    agreement,
+    make_workload,
+)
 
-from benchmarks import machine  # noqa: E402
-from benchmarks.hf_baselines import HF_STATIC_BATCH  # noqa: E402
-from benchmarks.workload import (SHAREGPT_MEAN_IN, SHAREGPT_MEAN_OUT, WORKLOADS,  # noqa: E402
-                                 agreement, make_workload)
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_JSON = os.path.join(ROOT, "benchmarks", "results", "throughput.json")
+# In a checkout the results go beside the other benchmarks' (benchmarks/results/), elsewhere
+# into the working directory.
+DEFAULT_JSON = (os.path.join("benchmarks", "results", "throughput.json")
+                if os.path.isdir("benchmarks") else "pagedjax_throughput.json")
 SYSTEMS = ("pagedjax", "hf_static", "hf_continuous")
 
 
@@ -89,7 +93,7 @@ def run_system(name: str, reqs, vocab: int, ns) -> dict:
     if name == "pagedjax":
         import jax
 
-        from benchmarks.run_pagedjax import run_pagedjax, sharing_experiment
+        from pagedjax.benchmarks.run_pagedjax import run_pagedjax, sharing_experiment
 
         res, llm = run_pagedjax(reqs, ns)
         res["jax_backend"] = jax.default_backend()
@@ -101,7 +105,7 @@ def run_system(name: str, reqs, vocab: int, ns) -> dict:
         return res
     import torch
 
-    from benchmarks.hf_baselines import load_hf_model, run_hf_continuous, run_hf_static
+    from pagedjax.benchmarks.hf_baselines import load_hf_model, run_hf_continuous, run_hf_static
 
     t = time.perf_counter()
     model, source = load_hf_model(ns.model, use_cache=not ns.no_hf_cache)
@@ -121,10 +125,9 @@ def run_system(name: str, reqs, vocab: int, ns) -> dict:
 def _spawn(ns, argv, system: str, tmp: str, tag: str) -> dict:
     """Run one worker in a fresh interpreter; -> its JSON result."""
     out = os.path.join(tmp, f"{tag}.json")
-    cmd = [sys.executable, os.path.abspath(__file__), *argv, "--worker", system,
+    cmd = [sys.executable, "-m", "pagedjax.benchmarks.throughput", *argv, "--worker", system,
            "--worker-in", os.path.join(tmp, "workload.json"), "--worker-out", out]
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in [env.get("PYTHONPATH")] if p])
     load0, t0 = machine.loadavg(), time.time()
     r = subprocess.run(cmd, env=env)
     if r.returncode != 0 or not os.path.exists(out):

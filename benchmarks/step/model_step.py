@@ -1,7 +1,7 @@
 """Compile time and step time of the model part of a decode step (forward + logits).
 
-    python benchmarks/model_step.py                         # float, int8, gguf; 16 rows
-    PYTHONPATH=/other/checkout python benchmarks/model_step.py --modes float --tag before
+    python benchmarks/step/model_step.py                         # float, int8, gguf; 16 rows
+    PYTHONPATH=/other/checkout python benchmarks/step/model_step.py --modes float --tag before
 
 Loads the default model (or ``--model``) with each ``quantization`` mode in its
 own fresh process, jits forward + compute_logits over ``--rows`` decode rows
@@ -22,11 +22,11 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if __package__ in (None, ""):
     sys.path.append(ROOT)  # after PYTHONPATH: --tag runs measure another checkout
 
-from benchmarks import machine  # noqa: E402
+from pagedjax.benchmarks import machine  # noqa: E402
 
 
 def _child(model, mode: str, rows: int, context: int, reps: int) -> dict:

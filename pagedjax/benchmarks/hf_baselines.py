@@ -1,4 +1,4 @@
-"""The transformers baselines of benchmarks/throughput.py, each run in its own process.
+"""The transformers baselines of pagedjax/benchmarks/throughput.py, each run in its own process.
 
 * **HF static**: transformers ``generate`` on static batches of 16 requests in
   arrival order, left padded, each batch running until its longest member is
@@ -22,7 +22,7 @@ import shutil
 import tempfile
 import time
 
-from benchmarks.workload import summary as _summary
+from pagedjax.benchmarks.workload import summary as _summary
 
 HF_STATIC_BATCH = 16
 

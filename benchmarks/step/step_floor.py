@@ -1,7 +1,7 @@
 """What one engine step costs, with and without attention, per batch size.
 
-    python benchmarks/step_floor.py                       # default model, 1..64 decode rows
-    python benchmarks/step_floor.py --profile benchmarks/results/throughput.json
+    python benchmarks/step/step_floor.py                       # default model, 1..64 decode rows
+    python benchmarks/step/step_floor.py --profile benchmarks/results/throughput.json
 
 For each decode row count (and one prefill-sized step of ``--tokens`` tokens)
 it times the model part of a step (forward + logits of the sampled rows, KV
@@ -32,12 +32,12 @@ import time
 
 
 if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from benchmarks.step_profile import model_step_fns  # noqa: E402
-from benchmarks.throughput import write_json  # noqa: E402
+from benchmarks.step.step_profile import model_step_fns  # noqa: E402
+from pagedjax.benchmarks.throughput import write_json  # noqa: E402
 
-DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "step_floor.json")
+DEFAULT_JSON = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "step_floor.json")
 
 
 def _rows(n: int, tokens_each: int, context: int, page_size: int):

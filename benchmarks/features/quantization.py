@@ -1,7 +1,7 @@
 """Quantized weights vs float: memory, greedy agreement, speed.
 
-    python benchmarks/quantization.py                  # default model, modes: float, int8, gguf
-    python benchmarks/quantization.py --modes float,int8 --max-tokens 16
+    python benchmarks/features/quantization.py                  # default model, modes: float, int8, gguf
+    python benchmarks/features/quantization.py --modes float,int8 --max-tokens 16
 
 Each mode runs in its own fresh process (``LLM(model, quantization=mode)``):
 16 prompts, greedy, the first ``--max-tokens`` tokens each, ``ignore_eos``.
@@ -24,11 +24,11 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if __package__ in (None, ""):
     sys.path.insert(0, ROOT)
 
-from benchmarks import machine  # noqa: E402
+from pagedjax.benchmarks import machine  # noqa: E402
 DEFAULT_JSON = os.path.join(ROOT, "benchmarks", "results", "quantization.json")
 PROMPTS = [
     "The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",

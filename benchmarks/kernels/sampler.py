@@ -1,7 +1,7 @@
 """What sampling costs per step, before (jnp) and after (C++ draw), next to a model step.
 
-    python benchmarks/sampler.py                      # 16/64/128/256 rows, default model
-    python benchmarks/sampler.py --rows 128 --no-model
+    python benchmarks/kernels/sampler.py                      # 16/64/128/256 rows, default model
+    python benchmarks/kernels/sampler.py --rows 128 --no-model
 
 For each row count and each sampling mode -- greedy, temperature 0.8,
 top-k 50, top-p 0.95 (temperature 0.8, the quick-start settings), min-p 0.05
@@ -33,12 +33,12 @@ import time
 import numpy as np
 
 if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from benchmarks import machine  # noqa: E402
-from benchmarks.throughput import write_json  # noqa: E402
+from pagedjax.benchmarks import machine  # noqa: E402
+from pagedjax.benchmarks.throughput import write_json  # noqa: E402
 
-DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "sampler.json")
+DEFAULT_JSON = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "sampler.json")
 MODES = {"greedy": dict(temperature=0.0), "temperature": dict(temperature=0.8),
          "top-k": dict(temperature=0.8, top_k=50), "top-p": dict(temperature=0.8, top_p=0.95),
          "min-p": dict(temperature=0.8, min_p=0.05)}
