@@ -59,3 +59,47 @@ def test_contracts_catch_a_violation(tmp_path):
     assert proc.returncode != 0
     assert "host-only (no JAX) BROKEN" in proc.stdout
     assert "Layers: " in proc.stdout and proc.stdout.count("BROKEN") >= 2, proc.stdout[-3000:]
+
+
+def _layout_paths() -> set[str]:
+    """Every file path the Layout block of docs/architecture.md names."""
+    import re
+
+    text = open(os.path.join(ROOT, "docs", "architecture.md")).read()
+    block = text.split("## Layout", 1)[1].split("```", 2)[1]
+    stack: list[tuple[int, str]] = []
+    named = set()
+    for line in block.splitlines():
+        m = re.match(r"^( *)(\S+)", line)
+        if not m or not line.strip():
+            continue
+        indent, first = len(m.group(1)), m.group(2)
+        if first.endswith(",") and line.split()[1].endswith(".h"):
+            first = line.split()[0].rstrip(",") + " " + line.split()[1]
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        prefix = "/".join(d for _, d in stack)
+        if first.endswith("/"):
+            stack.append((indent, first.rstrip("/")))
+            continue
+        for name in first.split():
+            named.add(f"{prefix}/{name}" if prefix else name)
+    return named
+
+
+def test_every_module_is_named_in_the_layout():
+    """docs/architecture.md's Layout lists every module where it lives."""
+    named = _layout_paths()
+    missing = []
+    for top, installed in (("pagedjax", "pagedjax"), ("models", "pagedjax/models"),
+                           ("kernels_pallas", "pagedjax/kernels_pallas")):
+        for dirpath, dirnames, filenames in os.walk(os.path.join(ROOT, top)):
+            dirnames[:] = [d for d in dirnames if not d.startswith((".", "__"))]
+            rel = os.path.relpath(dirpath, os.path.join(ROOT, top))
+            for f in filenames:
+                if not f.endswith(".py") or f == "__init__.py":
+                    continue
+                path = f"{installed}/{f}" if rel == "." else f"{installed}/{rel}/{f}"
+                if path not in named:
+                    missing.append(path)
+    assert not missing, f"docs/architecture.md's Layout does not name: {missing}"
