@@ -27,12 +27,11 @@ import logging
 import time
 from typing import Any, Sequence
 
-from pagedjax.engine.output_processor import CoreOutput, SeqUpdate
+from pagedjax.engine.core_output import CoreOutput, SeqUpdate
 from pagedjax.core.request import Request
 from pagedjax.worker.inputs import SampleRow
 from pagedjax.worker.runner import Launched, Runner
-from pagedjax.engine.request_sampling import RequestSampling
-from pagedjax.engine.sequences import Sequences
+from pagedjax.engine.sequences import RequestSampling, Sequences
 from pagedjax.sample.metadata import RowState
 from pagedjax.core.scheduler import Scheduler, SchedulerOutput
 

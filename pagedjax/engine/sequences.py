@@ -3,7 +3,9 @@
 A *sequence* is one scheduler request: a request's sample (n > 1 forks its
 children) or a beam. :class:`Sequences` maps each live sequence to its request
 and sample index, holds each request's
-:class:`~pagedjax.engine.request_sampling.RequestSampling`, and keeps the views the
+:class:`RequestSampling` (its sampling state, fixed when it is added, plus what
+the core reuses step after step: each sample's static sampler row, and what the
+output processor has been told already), and keeps the views the
 core's per-row loops read without further checks:
 
 * ``steady``: sequence id -> its ``SampleRow``, reused step after step: the
@@ -22,9 +24,63 @@ sequence forgotten during the current step belonged to (``begin_step`` starts on
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-from pagedjax.engine.request_sampling import RequestSampling
+from pagedjax.sample.metadata import StaticRow, static_row
+from pagedjax.sampling_params import SamplingParams
+
+# Fallback seeds of a request's samples: fallback_seed + SEED_STRIDE * index, kept
+# inside the positive int32 range (a prime stride keeps nearby requests apart).
+SEED_STRIDE = 7919
+SEED_MODULUS = 2**31 - 1
+
+
+@dataclasses.dataclass(slots=True)
+class RequestSampling:
+    """Per-request sampling state, fixed at add time (plus what the core reuses
+    between steps: static rows, what it reported)."""
+
+    params: list[SamplingParams]  # per sample index (seed + i for n > 1)
+    fallback_seed: int
+    bad_words_ids: list
+    prompt_logprobs: int | None
+    needs_history: bool  # the host must know every token before the next step
+    keep_topk: bool  # beam search reads each step's top-k
+    seqs: set[str]  # the request's live sequence ids
+    grammar: Any = None  # structured outputs: a structured_output.grammar.GrammarState
+    statics: dict = dataclasses.field(default_factory=dict)  # index -> its StaticRow (sample.metadata)
+    # What the output processor was told: scheduled at all, prefix-cached tokens.
+    reported_scheduled: bool = False
+    reported_cached: int = -1
+    # One sample, no logprobs, no top-k for beams, no grammar: the core reports its
+    # tokens in CoreOutput's plain columns, not as SeqUpdates.
+    plain: bool = dataclasses.field(init=False, default=False)  # (derived: __post_init__)
+
+    def __post_init__(self):
+        self.plain = len(self.params) == 1 and self.params[0].logprobs is None \
+            and not self.keep_topk and self.grammar is None
+
+    def fallback(self, index: int) -> int:
+        """Sample ``index``'s seed when its params give none: distinct per sample."""
+        return (self.fallback_seed + SEED_STRIDE * index) % SEED_MODULUS
+
+    def static(self, index: int) -> StaticRow:
+        st = self.statics.get(index)
+        if st is None:
+            st = self.statics[index] = static_row(self.params[index], self.fallback(index))
+        return st
+
+    @property
+    def serial(self) -> bool:
+        """While this request lives, steps run serially (see the module docstring)."""
+        return self.needs_history or self.keep_topk
+
+    @property
+    def token_by_token(self) -> bool:
+        """Each token must be known before the next is chosen (no speculation)."""
+        return self.serial or self.grammar is not None
+
 
 
 class Sequences:

@@ -1,4 +1,4 @@
-"""Per-row sampling state -> fixed-shape sampling arrays (host side, numpy).
+"""Per-row sampling state -> fixed-shape sampling arrays (host side: numpy arrays in a JAX pytree).
 
 ``RowState`` is what the sampler needs of one running sequence; the engine
 core builds one per sampling row per step. ``static_row`` is the part that
@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import jax
 import numpy as np
@@ -62,11 +62,23 @@ class RowState:
         return len(self.output_token_ids) + self.num_placeholders
 
 
-def static_row(params: SamplingParams, fallback_seed: int) -> tuple:
-    """The part of a row's sampling state that never changes for a sequence:
-    (greedy, temperature, top_k (0 = off), top_p, min_p, key words (2),
-    extras), ``extras`` telling whether the row needs the per-step slow path
-    (penalties, bans before ``min_tokens``, bad words, logit bias, allowed ids)."""
+class StaticRow(NamedTuple):
+    """The part of a row's sampling state that never changes for a sequence. A tuple,
+    so that equal rows compare equal and a batch's rows transpose into columns."""
+
+    greedy: bool
+    temperature: float
+    top_k: int  # 0 = off
+    top_p: float
+    min_p: float
+    seed_hi: int  # the threefry key words of the row's seed
+    seed_lo: int
+    extras: bool  # the row needs the per-step slow path (penalties, bans before
+    # min_tokens, bad words, logit bias, allowed ids)
+
+
+def static_row(params: SamplingParams, fallback_seed: int) -> StaticRow:
+    """A sequence's :class:`StaticRow` (built once per sequence)."""
     p = params
     greedy = p.temperature < SAMPLING_EPS
     hi, lo = _seed_words(p.seed if p.seed is not None else fallback_seed)
@@ -74,9 +86,9 @@ def static_row(params: SamplingParams, fallback_seed: int) -> tuple:
                   or p.min_tokens or p.logit_bias or p.allowed_token_ids is not None
                   or p.bad_words)
     if greedy:
-        return (True, 1.0, 0, 1.0, 0.0, hi, lo, extras)
-    return (False, p.temperature, p.top_k if p.top_k > 0 else 0, p.top_p, p.min_p, hi, lo,
-            extras)
+        return StaticRow(True, 1.0, 0, 1.0, 0.0, hi, lo, extras)
+    return StaticRow(False, p.temperature, p.top_k if p.top_k > 0 else 0, p.top_p, p.min_p,
+                     hi, lo, extras)
 
 
 @dataclass
@@ -253,7 +265,7 @@ def build_sampling_tensors(rows: Sequence[RowState], num_rows_padded: int, vocab
         static = row.static or static_row(row.params, row.fallback_seed)
         statics.append(static)
         counts.append(len(row.output_token_ids) + row.num_placeholders)
-        if static[7] or row.bad_words_token_ids or row.grammar_bits is not None:
+        if static.extras or row.bad_words_token_ids or row.grammar_bits is not None:
             special.append(r)
     greedy, temperature, top_k, top_p, min_p, key_data, use_tkp, use_min_p = \
         columns.get(statics, R, V) if columns is not None else _static_columns(statics, R, V)

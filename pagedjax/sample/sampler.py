@@ -48,8 +48,8 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-# The host side (per-row state -> arrays) lives in sampling_tensors.py; its names
-# are re-exported here, where callers have always found them.
+# The host side of sampling (per-row state -> arrays) is metadata.py; the names below
+# are part of this module's public interface too (the runner and tests use them).
 from pagedjax.sample.metadata import (  # noqa: F401
     BAN_WIDTH,
     EDIT_WIDTH,
@@ -60,6 +60,7 @@ from pagedjax.sample.metadata import (  # noqa: F401
     static_row,
     variant_key,
 )
+from pagedjax.utils import cdiv
 
 TOPK_CAP = 256
 _BISECT_STEPS = 20
@@ -124,7 +125,7 @@ def _inverse_cdf(e: jax.Array, u: jax.Array) -> jax.Array:
     """Index drawn with probability e[r, i] / sum(e[r]) (e >= 0); blocked prefix sums."""
     R, V = e.shape
     B = _block_size(V)
-    nb = -(-V // B)
+    nb = cdiv(V, B)
     if nb * B != V:
         e = jnp.pad(e, ((0, 0), (0, nb * B - V)))
     eb = e.reshape(R, nb, B)

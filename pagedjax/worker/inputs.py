@@ -1,4 +1,4 @@
-"""SchedulerOutput rows -> one padded step batch (host side, numpy only).
+"""SchedulerOutput rows -> one padded step batch (host side: numpy arrays in a JAX pytree).
 
 Static shapes: every step is padded to a *bucket* so that only a few programs
 are ever compiled:
@@ -36,6 +36,7 @@ from pagedjax.sample import sampler as sampler_mod
 from pagedjax.worker.page_table import PageTables
 from pagedjax.sample.sampler import RowState
 from pagedjax.sample.metadata import StaticColumns
+from pagedjax.utils import cdiv
 
 LOGPROB_BUCKETS = (20,)  # one top-k width: fewer sampler programs
 
@@ -82,7 +83,7 @@ class Buckets:
         self.page_size = page_size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.max_pages = -(-max_model_len // page_size)
+        self.max_pages = cdiv(max_model_len, page_size)
         self.attn_backend = attn_backend
 
     def bucket_sizes(self, num_rows: int, num_tokens: int, max_pages: int, decode: bool):
@@ -142,7 +143,7 @@ def prepare(buckets: Buckets, rows, sample_rows: Sequence[SampleRow], prompt_lp:
     lens = np.array(lens_l, np.int64)
     starts = np.array(starts_l, np.int64)
     ends = np.cumsum(lens)
-    max_pages = int(-(-(starts + lens).max() // ps))
+    max_pages = int(cdiv((starts + lens).max(), ps))
     num_sample_rows = len(sample_rows)
     t, s, p = buckets.bucket_sizes(n_rows, num_tokens, max_pages, decode)
     # Sampling rows (more than S when an n > 1 prompt completes) have their

@@ -41,6 +41,7 @@ from pagedjax.worker.packing import PackSpec, pack, unpack
 from pagedjax.worker.page_table import PageTables
 from pagedjax.sample.sampler import RowState
 from pagedjax.sample.metadata import StaticColumns
+from pagedjax.utils import cdiv
 
 @dataclasses.dataclass
 class StepResult:
@@ -121,7 +122,7 @@ class Runner:
         self.page_size = page_size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.max_pages = -(-max_model_len // page_size)
+        self.max_pages = cdiv(max_model_len, page_size)
         self.buckets = Buckets(page_size, max_num_seqs, max_num_batched_tokens, max_model_len,
                                plan.attn_backend)
         self.max_model_len = max_model_len

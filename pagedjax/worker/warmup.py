@@ -27,6 +27,7 @@ from typing import Callable
 from pagedjax.worker.inputs import LOGPROB_BUCKETS, Buckets, SampleRow, pow2
 from pagedjax.sample.sampler import RowState, build_sampling_tensors
 from pagedjax.sampling_params import SamplingParams
+from pagedjax.utils import cdiv
 
 # Sampler variants compiled at warm-up: (SamplingParams kwargs, logprobs).
 WARM_SAMPLING = (
@@ -79,7 +80,7 @@ def dummy_rows(buckets: Buckets, s: int, t: int, p: int, decode: bool):
     counts = [t // nrows + (1 if i < t % nrows else 0) for i in range(nrows)]
     if max(counts) < 2 or max(counts) > cap:
         return None
-    rows = [ScheduledRow(f"w{i}", [0] * c, 0, [0] * (-(-c // page_size)), 1)
+    rows = [ScheduledRow(f"w{i}", [0] * c, 0, [0] * cdiv(c, page_size), 1)
             for i, c in enumerate(counts)]
     rows[0] = ScheduledRow("w0", [0] * counts[0], cap - counts[0], [0] * p, 1)
     if buckets.bucket_sizes(nrows, t, p, False) != (t, s, p):

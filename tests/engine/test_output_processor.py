@@ -4,7 +4,8 @@ import random
 
 import pytest
 
-from pagedjax.engine.output_processor import CoreOutput, OutputProcessor, SeqUpdate
+from pagedjax.engine.core_output import CoreOutput, SeqUpdate
+from pagedjax.engine.output_processor import OutputProcessor
 from pagedjax.sampling_params import RequestOutputKind, SamplingParams
 
 from tests.engine.test_tokenizer import TEXTS

@@ -1,7 +1,7 @@
 """The core's per-sequence state (pagedjax/engine/sequences.py): joining, forgetting, and
 the steady / plain views that the core's per-row loops trust without checks."""
 
-from pagedjax.engine.request_sampling import RequestSampling
+from pagedjax.engine.sequences import RequestSampling
 from pagedjax.sampling_params import SamplingParams
 from pagedjax.engine.sequences import Sequences
 
