@@ -1,6 +1,6 @@
 """Plots of the headline figures in BENCHMARKS.md, one small PNG per figure file.
 
-    python benchmarks/plot.py                      # benchmarks/figures/*.json -> docs/images/benchmarks/
+    python benchmarks/plot.py            # benchmarks/figures/*.json -> docs/images/benchmarks/
     python benchmarks/plot.py --figures DIR --out DIR
 
 Each ``benchmarks/figures/<name>.json`` holds the numbers of one headline figure,

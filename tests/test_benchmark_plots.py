@@ -1,9 +1,12 @@
-"""benchmarks/plot.py turns every committed figure file into a small PNG."""
+"""BENCHMARKS.md, the results page: benchmarks/plot.py turns every committed figure
+file into a small PNG, the page shows PNGs that exist, and every link into the page
+names a section it has."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -51,3 +54,30 @@ def test_a_figure_without_its_source_is_refused(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert out.returncode != 0
     assert "missing commands, date, machine" in out.stderr
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_links_into_the_results_page_name_its_sections():
+    page = (REPO_ROOT / "BENCHMARKS.md").read_text(encoding="utf-8")
+    anchors = {_slug(h) for h in re.findall(r"^#{2,3} (.+)$", page, re.M)}
+    assert {"throughput", "decode-step-vs-the-matmul-floor", "host-time-per-step",
+            "start-up-cold-and-warm", "gpu-and-tpu"} <= anchors
+    cited = []
+    folders = ("docs", "notebooks", "pagedjax", "models", "kernels_pallas", "benchmarks", "tests")
+    for folder in folders:
+        for path in (REPO_ROOT / folder).rglob("*"):
+            if path.suffix in (".md", ".py", ".ipynb", ".cc", ".h") and ".venv" not in path.parts:
+                text = path.read_text(encoding="utf-8", errors="replace")
+                cited += [(path.name, a) for a in re.findall(r"BENCHMARKS\.md#([\w-]+)", text)]
+    cited += [("README.md", a) for a in
+              re.findall(r"BENCHMARKS\.md#([\w-]+)", (REPO_ROOT / "README.md").read_text())]
+    cited += [("BENCHMARKS.md", a) for a in re.findall(r"\]\(#([\w-]+)\)", page)]
+    assert cited, "no link into BENCHMARKS.md found: the scan is broken"
+    missing = [c for c in cited if c[1] not in anchors]
+    assert not missing, f"links to sections BENCHMARKS.md does not have: {missing}"
+    for image in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", page):
+        assert (REPO_ROOT / image).is_file(), image
