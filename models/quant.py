@@ -128,12 +128,12 @@ def comps_ndim(comps: dict) -> int:
 # whole weight writes a float copy of it, and XLA:CPU gives every such copy its own
 # scratch buffer (540 MB for SmolLM2 in int8), page-faulted afresh on each step:
 # about 132k page faults per step, most of a quantized step's time. With 256 KiB
-# chunks: 17 MB of scratch, ~2.5k faults (BENCHMARKS.md, "quantized matmuls").
+# chunks: 17 MB of scratch, ~2.5k faults (BENCHMARKS.md#quantized-weights).
 CHUNK_BYTES = 1 << 18
 
 
 # Steps with more rows than this dequantize whole weights: at 256 decode rows chunking
-# made SmolLM2 steps 1.3x slower (BENCHMARKS.md), at 16 and 64 rows faster.
+# made SmolLM2 steps 1.3x slower (BENCHMARKS.md#quantized-weights), at 16 and 64 rows faster.
 CHUNK_MAX_ROWS = 64
 
 

@@ -29,8 +29,8 @@ the runner's two jitted calls itself.
 On CPU the "device" is the same two cores: its step (at 256 rows the logits
 alone are 50 MB, then top-p over them) evicts the host's data and code from
 the caches, so the host code after it runs slower (at 64 rows the same
-code took 1.42 ms per step after the 49k model's step and 0.65 ms after the
-1k model's: BENCHMARKS.md, session 9). An accelerator leaves the host's
+code took 1.03 ms per step after the 49k model's step and 0.54 ms after the
+1k model's: BENCHMARKS.md#host-time-per-step). An accelerator leaves the host's
 caches alone. ``--vocab 1024`` gives the tiny model SmolLM2's first 1,024
 tokens only (same tokenizer, same host work per token), so its device step
 is small: a closer stand-in for the host time on an accelerator. Both are

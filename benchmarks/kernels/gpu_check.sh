@@ -7,7 +7,7 @@
 #    GPU paged attention on the same decode inputs).
 # Everything lands in $OUT (default benchmarks/results). Exit status: tests' or bench's.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-benchmarks/results}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}

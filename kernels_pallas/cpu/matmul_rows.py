@@ -3,13 +3,13 @@
 The C++ few-row matmul (``cpu_native.matmul``) beats XLA:CPU's GEMM at 2-32
 rows on a 2-core AMD Zen 3, loses at every row count on a 2-core Intel
 AVX-512 Xeon, and on a 2-core AMD EPYC with AVX-512 ties at 1 row, wins at
-2-8 and loses at 16-32 (BENCHMARKS.md), so the limit is measured, not
+2-8 and loses at 16-32 (BENCHMARKS.md#few-row-matmul), so the limit is measured, not
 assumed: once per machine and build, a SmolLM2-shaped
 ``[rows, 576] @ [576, 1536]`` matmul is timed with both at 1, 2, 4, 8, 16 and
 32 rows, about two seconds in all. It runs over 32 distinct weight matrices
 (113 MB, more than a last-level cache holds), so that they come from memory
 as a model's do; over 4 (14 MB, cached) the choice flipped between runs on
-that EPYC (1, 4 or 16 rows, under the rule before this one), over 32 it gives
+that EPYC (1, 4 or 16 rows), over 32 it gives
 8, the count a whole model's 30 layers favour. (Decode steps of 1, 2 and 4 rows are shape
 buckets of their own: one user's tokens take the one-row program.) The
 limit is the row count whose routing saves most, summed over the measured

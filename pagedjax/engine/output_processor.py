@@ -177,7 +177,7 @@ class OutputProcessor:
                 continue
             # _make_output for the one plain sequence, inlined and made here, in the same
             # pass (per row per step; it never finishes here: finishing rows come as
-            # SeqUpdates). The general path measured ~10% slower at 256 rows, BENCHMARKS.md.
+            # SeqUpdates). The general path measured ~10% slower at 256 rows (host_overhead.py).
             outputs.append(RequestOutput(
                 rid, st.prompt, st.prompt_token_ids, st.prompt_logprobs,
                 [CompletionOutput(0, seq.text, seq.token_ids.copy(), None, None, None, None)],

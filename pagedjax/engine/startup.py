@@ -29,7 +29,7 @@ def freeze_startup_heap() -> None:
     """Move what start-up left on the heap (modules, the model, the tokenizer: some
     400k objects) out of the cyclic garbage collector's sight, as vLLM does after
     start-up. Without it, every full collection scans them all: 5-7 ms per step
-    on average at 256 decode rows (BENCHMARKS.md). Once per process, and never over
+    on average at 256 decode rows (host_overhead.py). Once per process, and never over
     a freeze the application made itself (``gc.get_freeze_count()`` > 0); frozen
     objects are still freed by reference counting."""
     if gc.get_freeze_count() == 0:

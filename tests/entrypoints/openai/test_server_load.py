@@ -2,7 +2,7 @@
 
 128 streaming clients, completions and chat with mixed parameters, 15% walking
 away mid-stream. Nothing may fail or hang, and once the server is idle no KV
-page may be held. (The 10-minute run and its RSS figures are in BENCHMARKS.md.)
+page may be held. (The 10-minute run and its RSS figures are in BENCHMARKS.md#server-soak.)
 """
 
 from __future__ import annotations
