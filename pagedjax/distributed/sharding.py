@@ -145,11 +145,12 @@ def shard_params(tree, model, mesh: Mesh):
 
 
 def load_sharded(model: str | None, dtype="auto", tp: int = 1, devices=None,
-                 quantization: str | None = None):
-    """-> (model, params, mesh): ``models.load_model`` with weights loaded into shards."""
+                 quantization: str | None = None, *, resolved=None, expert_parallel: bool = False):
+    """-> (model, params, mesh): ``models.load_model`` with weights loaded into shards
+    (``resolved``: a ``models.ResolvedModel`` already found, instead of ``model``)."""
     import pagedjax.models as models
 
-    resolved = models.resolve_model(model)
+    resolved = resolved or models.resolve_model(model)
     check_tensor_parallel(models.build_model(resolved, dtype).info, tp,
                           len(devices) if devices is not None else None)
     mesh = make_mesh(tp, devices)
