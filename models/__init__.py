@@ -38,6 +38,9 @@ REGISTRY: dict = {
     "Gemma3ForCausalLM": "pagedjax.models.gemma3:Gemma3ForCausalLM",
     "Qwen3ForCausalLM": "pagedjax.models.qwen2:Qwen3ForCausalLM",
     "Phi3ForCausalLM": "pagedjax.models.phi3:Phi3ForCausalLM",
+    "Qwen3MoeForCausalLM": "pagedjax.models.qwen3_moe:Qwen3MoeForCausalLM",
+    "Qwen2MoeForCausalLM": "pagedjax.models.qwen3_moe:Qwen2MoeForCausalLM",
+    "MixtralForCausalLM": "pagedjax.models.mixtral:MixtralForCausalLM",
 }
 
 
