@@ -30,7 +30,7 @@ class EngineArgs:
     """Everything ``LLM(...)`` and ``pagedjax serve`` accept (see each field's help)."""
 
     model: str | None = _opt(None, "short name (SmolLM2-135M-Instruct, the default), HF "
-                                   "folder or .gguf file", cli=False)
+                                   "folder, .gguf file or hub id (org/name)", cli=False)
     tokenizer: str | None = _opt(None, "tokenizer folder when it differs from the model's")
     revision: str | None = _opt(None, "hub model: branch, tag or commit (default: main)")
     download_dir: str | None = _opt(None, "hub model: folder to download into instead of the "

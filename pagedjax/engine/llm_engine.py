@@ -112,7 +112,8 @@ class LLMEngine:
         self.runner = Runner(self.model, self.params, kv, page_size=args.page_size,
                              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=mnbt,
                              max_model_len=cfg.max_model_len,
-                             plan=make_plan(cfg.attention_backend, self.mesh))
+                             plan=make_plan(cfg.attention_backend, self.mesh,
+                                            args.enable_expert_parallel))
         # Multi-host: process 0 publishes its requests to the followers before each step.
         self._leader = multihost.make_leader()
         self.eos_token_ids = tuple(info.eos_token_ids) or (
