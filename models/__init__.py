@@ -38,6 +38,9 @@ REGISTRY: dict = {
     "Gemma3ForCausalLM": "pagedjax.models.gemma3:Gemma3ForCausalLM",
     "Qwen3ForCausalLM": "pagedjax.models.qwen2:Qwen3ForCausalLM",
     "Phi3ForCausalLM": "pagedjax.models.phi3:Phi3ForCausalLM",
+    "Qwen3MoeForCausalLM": "pagedjax.models.qwen3_moe:Qwen3MoeForCausalLM",
+    "Qwen2MoeForCausalLM": "pagedjax.models.qwen3_moe:Qwen2MoeForCausalLM",
+    "MixtralForCausalLM": "pagedjax.models.mixtral:MixtralForCausalLM",
 }
 
 
@@ -82,12 +85,14 @@ class ResolvedModel:
     hf_config         HF-style config dict (from config.json or GGUF metadata)
     tokenizer_source  what to pass to ``AutoTokenizer.from_pretrained`` together
                       with ``tokenizer_kwargs`` (``{"gguf_file": name}`` for GGUF)
+    generation_config the folder's generation_config.json ({} when there is none)
     """
 
     path: str
     gguf_file: str | None
     hf_config: dict
     tokenizer_source: str
+    generation_config: dict = dataclasses.field(default_factory=dict)
 
     @property
     def tokenizer_kwargs(self) -> dict:
@@ -153,11 +158,19 @@ def _read_config(path: str, gguf_file: str | None) -> dict:
     return loader.gguf_config(loader.gguf_reader(full), full)
 
 
-def resolve_model(model: str | None = None) -> ResolvedModel:
-    """Find a model: None / the default short name, an HF folder, or a .gguf file."""
+def resolve_model(model: str | None = None, *, revision: str | None = None,
+                  download_dir: str | None = None) -> ResolvedModel:
+    """Find a model: None / the default short name, an HF folder, a .gguf file, or a
+    hub id (``org/name``, ``org/name/FILE.gguf``, ``org/name:QUANT``) fetched through
+    ``huggingface_hub`` at ``revision`` into its cache or ``download_dir``
+    (``pagedjax/models/hub.py``)."""
+    from pagedjax.models import hub
+
     if model is None or model in _DEFAULT_ALIASES:
         model = _default_gguf()
     model = os.path.expanduser(str(model))
+    if not os.path.exists(model) and hub.looks_like_repo_id(model):
+        model = hub.download(model, revision=revision, download_dir=download_dir)
     if model.endswith(".gguf"):
         if not os.path.isfile(model):
             raise FileNotFoundError(f"{model}: GGUF file not found")
@@ -169,18 +182,33 @@ def resolve_model(model: str | None = None) -> ResolvedModel:
         config = _read_config(path, None)
         if not config.get("architectures"):
             raise ValueError(f"{path}/config.json: field 'architectures' is missing")
-        return ResolvedModel(path, None, config, path)
+        return ResolvedModel(path, None, config, path, _read_generation_config(path))
     raise FileNotFoundError(
-        f"model {model!r}: not a folder or .gguf file. Give {DEFAULT_MODEL!r} (the default), "
-        "a local HF folder (config.json + *.safetensors) or a .gguf file; "
-        "pagedjax does not download from the Hugging Face hub"
+        f"model {model!r}: not a folder, a .gguf file or a hub id. Give {DEFAULT_MODEL!r} "
+        "(the default), a local HF folder (config.json + *.safetensors), a .gguf file, or a "
+        "Hugging Face hub id such as 'org/name'"
     )
 
 
-def resolve_dtype(dtype="auto"):
-    """``auto`` -> float32 on CPU (fastest there), bfloat16 on GPU/TPU."""
+def _read_generation_config(path: str) -> dict:
+    import json
+
+    gen = os.path.join(path, "generation_config.json")
+    if not os.path.isfile(gen):
+        return {}
+    with open(gen) as f:
+        return json.load(f)
+
+
+def resolve_dtype(dtype="auto", hf_config: dict | None = None, backend: str | None = None):
+    """``auto`` -> float32 on CPU (fastest there); on GPU/TPU the checkpoint's 16-bit
+    dtype (``torch_dtype`` / ``dtype`` in config.json: bfloat16 or float16), else
+    bfloat16."""
     if dtype in (None, "auto"):
-        return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+        if (backend or jax.default_backend()) == "cpu":
+            return jnp.float32
+        stored = (hf_config or {}).get("dtype") or (hf_config or {}).get("torch_dtype")
+        return jnp.float16 if stored == "float16" else jnp.bfloat16
     if isinstance(dtype, str):
         if dtype not in _DTYPES:
             raise ValueError(f"dtype: {dtype!r} is not one of {['auto', *_DTYPES]}")
@@ -190,7 +218,8 @@ def resolve_dtype(dtype="auto"):
 
 def build_model(resolved: ResolvedModel, dtype="auto") -> CausalLM:
     """The model (abstract: shapes and logical axes only, no weights)."""
-    return CausalLM(model_class(resolved.architecture), resolved.hf_config, resolve_dtype(dtype))
+    return CausalLM(model_class(resolved.architecture), resolved.hf_config,
+                    resolve_dtype(dtype, resolved.hf_config))
 
 
 def open_checkpoint(resolved: ResolvedModel):

@@ -60,6 +60,10 @@ class ExecutionPlan:
                         "xla") run per device through shard_map over KV heads
     attention_fn        replaces kernels_pallas.ragged_paged_attention (same
                         signature); for benchmarks and tests
+    expert_parallel     mixture-of-experts layers under a mesh: whole experts per
+                        device (else each expert's intermediate size split)
+    moe_impl            grouped matmul of the experts (kernels_pallas/grouped_matmul.py):
+                        "auto", "ragged", "gather", "blocked"
     """
 
     attn_backend: str = "xla"
@@ -67,6 +71,8 @@ class ExecutionPlan:
     mesh: Any = None  # jax.sharding.Mesh | None
     tp_axis: str = "tp"
     attention_fn: Callable | None = None
+    expert_parallel: bool = False
+    moe_impl: str = "auto"
 
 
 DEFAULT_PLAN = ExecutionPlan()

@@ -37,14 +37,14 @@ from pagedjax.models.common import (
 
 
 class LlamaLayer(nnx.Module):
-    def __init__(self, m: "LlamaForCausalLM", window: int | None, dtype):
+    def __init__(self, m: "LlamaForCausalLM", window: int | None, dtype, index: int = 0):
         self.input_layernorm = nn.RMSNorm(m.hidden_size, m.eps, dtype=dtype)
         self.attn = nn.Attention(m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim,
                                  sm_scale=m.head_dim**-0.5, qkv_bias=m.qkv_bias, o_bias=m.o_bias,
                                  qk_norm_eps=m.eps if m.qk_norm else None,
                                  sliding_window=window, dtype=dtype)
         self.post_attention_layernorm = nn.RMSNorm(m.hidden_size, m.eps, dtype=dtype)
-        self.mlp = nn.GatedMLP(m.hidden_size, m.intermediate_size, m.act_name, dtype=dtype)
+        self.mlp = m.make_mlp(index, dtype)
 
     def __call__(self, x, cache, meta, plan, rope):  # x [T, H], rope: cos, sin [T, D/2]
         a, cache = self.attn(self.input_layernorm(x), cache, meta, plan, rope)
@@ -87,7 +87,7 @@ class LlamaForCausalLM(DecoderLM):
             hidden_size=self.hidden_size, vocab_size=self.vocab_size,
             max_model_len=c.get("max_position_embeddings", 2048))
         self.embed_tokens = nn.Embed(self.vocab_size, self.hidden_size, dtype=dtype)
-        self.layers = nnx.List([LlamaLayer(self, w, dtype) for w in windows])
+        self.layers = nnx.List([LlamaLayer(self, w, dtype, i) for i, w in enumerate(windows)])
         self.norm = nn.RMSNorm(self.hidden_size, self.eps, dtype=dtype)
         self.lm_head = None if self.tie else nn.Linear(
             self.hidden_size, self.vocab_size, ("embed", "vocab"), dtype=dtype)
@@ -104,6 +104,11 @@ class LlamaForCausalLM(DecoderLM):
         if not types or window is None:
             return (None,) * self.num_layers
         return tuple(int(window) if t == "sliding_attention" else None for t in types)
+
+    def make_mlp(self, index: int, dtype) -> nnx.Module:
+        """Layer ``index``'s MLP, called as ``mlp(x, plan, lora_slots)`` (the MoE
+        architectures return their sparse block here)."""
+        return nn.GatedMLP(self.hidden_size, self.intermediate_size, self.act_name, dtype=dtype)
 
     # -- forward pieces (models/common.py) ------------------------------------------------
 
@@ -130,9 +135,7 @@ class LlamaForCausalLM(DecoderLM):
             me + "attn.qkv_proj.kernel": qkv_spec(at, hkv, d),
             me + "attn.o_proj.kernel": hf_linear(at + "o_proj.weight"),
             me + "post_attention_layernorm.scale": hf(pre + "post_attention_layernorm.weight"),
-            me + "mlp.gate_up.kernel": hf_fused(pack_gate_up, pre + "mlp.gate_proj.weight",
-                                                pre + "mlp.up_proj.weight"),
-            me + "mlp.down.kernel": hf_linear(pre + "mlp.down_proj.weight"),
+            **self.mlp_weight_map(i),
         }
         if self.qkv_bias:
             out[me + "attn.qkv_proj.bias"] = qkv_spec(at, hkv, d, "bias")
@@ -142,6 +145,12 @@ class LlamaForCausalLM(DecoderLM):
             out[me + "attn.q_norm.scale"] = hf(at + "q_norm.weight")
             out[me + "attn.k_norm.scale"] = hf(at + "k_norm.weight")
         return out
+
+    def mlp_weight_map(self, i: int) -> dict:
+        pre, me = f"model.layers.{i}.mlp.", f"layers.{i}.mlp."
+        return {me + "gate_up.kernel": hf_fused(pack_gate_up, pre + "gate_proj.weight",
+                                                pre + "up_proj.weight"),
+                me + "down.kernel": hf_linear(pre + "down_proj.weight")}
 
     def weight_map(self) -> dict:
         out = {"embed_tokens.embedding": hf("model.embed_tokens.weight"),

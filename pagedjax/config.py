@@ -30,8 +30,14 @@ class EngineArgs:
     """Everything ``LLM(...)`` and ``pagedjax serve`` accept (see each field's help)."""
 
     model: str | None = _opt(None, "short name (SmolLM2-135M-Instruct, the default), HF "
-                                   "folder or .gguf file", cli=False)
+                                   "folder, .gguf file or hub id (org/name)", cli=False)
     tokenizer: str | None = _opt(None, "tokenizer folder when it differs from the model's")
+    revision: str | None = _opt(None, "hub model: branch, tag or commit (default: main)")
+    download_dir: str | None = _opt(None, "hub model: folder to download into instead of the "
+                                          "Hugging Face cache")
+    generation_config: str = _opt("auto", "default sampling values of requests that set none: "
+                                          "auto = the model's generation_config.json, vllm = "
+                                          "off, or a folder holding a generation_config.json")
     dtype: str = _opt("auto", "weights and activations: auto = float32 on CPU, bfloat16 on "
                               "accelerators", ("auto", "float32", "bfloat16", "float16"))
     max_model_len: int | None = _opt(None, "longest prompt + output; default min(model "
@@ -58,6 +64,9 @@ class EngineArgs:
                                           "blocks); default: float weights",
                                     (None, "int8", "gguf"))
     tensor_parallel_size: int = _opt(1, "devices to shard the model over", short="-tp")
+    enable_expert_parallel: bool = _opt(False, "mixture-of-experts models: shard the experts "
+                                               "over the tensor-parallel devices (whole experts "
+                                               "per device) instead of splitting each expert")
     scheduling_policy: str = _opt("fcfs", "waiting-queue order", ("fcfs", "priority"))
     scan_layers: bool = _opt(False, "run identical layers with lax.scan (faster compiles, "
                                     "slower CPU steps)")

@@ -70,6 +70,22 @@ def check_tensor_parallel(info, tp: int, num_devices: int | None = None) -> None
             f"hold whole KV heads: use one of {', '.join(map(str, ok))}")
 
 
+def check_expert_parallel(model, ep: int) -> None:
+    """ValueError unless the expert-parallel size ``ep`` (the tensor-parallel size)
+    divides a mixture-of-experts model's expert count (dense models: nothing to check)."""
+    moe = getattr(model.abstract, "moe", None)
+    if moe is None:
+        return
+    e, kv = moe.num_experts, model.info.num_kv_heads
+    if e % ep:
+        ok = [n for n in range(1, e + 1) if e % n == 0 and kv % n == 0]
+        raise ValueError(
+            f"enable_expert_parallel: the model's num_experts={e} is not divisible by the "
+            f"expert-parallel size {ep} (= tensor_parallel_size): each device must hold whole "
+            f"experts; use tensor_parallel_size in {', '.join(map(str, ok))}, or turn "
+            "enable_expert_parallel off")
+
+
 def make_mesh(tp: int, devices: Sequence[Any] | None = None) -> Mesh:
     """A 1-D mesh named "tp" over ``devices`` (default: the first ``tp`` of jax.devices())."""
     devices = list(jax.devices() if devices is None else devices)
@@ -98,15 +114,21 @@ LOGICAL_AXIS_RULES: dict[str, str] = {
     "kv_heads": AXIS,   # fused q/k/v kernel [H, Hkv, G+2, D] and its bias: whole heads
     "heads": AXIS,      # o_proj input Hq*D (row parallel, ordered by KV head)
     "mlp": AXIS,        # MLP intermediate size (column parallel in, row parallel out)
+    "experts": AXIS,    # mixture-of-experts weights [E, ...]: whole experts, under
+    #                     enable_expert_parallel only (else each expert's "mlp" axis)
 }
 
 
-def logical_spec(axes: tuple, shape: tuple[int, ...], tp: int) -> P:
+def logical_spec(axes: tuple, shape: tuple[int, ...], tp: int,
+                 expert_parallel: bool = False) -> P:
     """The PartitionSpec of a parameter with logical ``axes``: each axis the table
-    maps is split when ``tp`` divides its size, else replicated."""
+    maps is split when ``tp`` divides its size, else replicated (the first split
+    axis wins; "experts" only under ``expert_parallel``)."""
     spec, used = [], set()
     for name, size in zip(axes, shape):
         mesh_axis = LOGICAL_AXIS_RULES.get(name) if name else None
+        if name == "experts" and not expert_parallel:
+            mesh_axis = None
         if mesh_axis is None or tp == 1 or size % tp or mesh_axis in used:
             spec.append(None)
         else:
@@ -115,18 +137,18 @@ def logical_spec(axes: tuple, shape: tuple[int, ...], tp: int) -> P:
     return P(*spec)
 
 
-def param_specs(model, tp: int) -> dict:
+def param_specs(model, tp: int, expert_parallel: bool = False) -> dict:
     """The state of ``model`` (a models.CausalLM) as a nested dict of PartitionSpecs."""
     from flax import nnx
 
     axes = nnx.traversals.flatten_mapping(model.logical_axes(), is_leaf=lambda _, x: isinstance(x, tuple))
     shapes = model.param_shapes()
-    specs = {p: logical_spec(a, tuple(shapes[".".join(map(str, p))].shape), tp)
+    specs = {p: logical_spec(a, tuple(shapes[".".join(map(str, p))].shape), tp, expert_parallel)
              for p, a in axes.items()}
     return nnx.traversals.unflatten_mapping(specs)
 
 
-def shard_params(tree, model, mesh: Mesh):
+def shard_params(tree, model, mesh: Mesh, expert_parallel: bool = False):
     """Host numpy state -> jax arrays laid out by ``param_specs``.
 
     Each device receives only its slice (``jax.make_array_from_callback`` asks
@@ -134,7 +156,7 @@ def shard_params(tree, model, mesh: Mesh):
     that is split, and another process's shards are never materialised here.
     Arrays keep the dtypes the host state has (pagedjax.models.weights.cast_like).
     """
-    specs = param_specs(model, mesh.devices.size)
+    specs = param_specs(model, mesh.devices.size, expert_parallel)
 
     def put(arr, spec):
         return jax.make_array_from_callback(
@@ -145,16 +167,19 @@ def shard_params(tree, model, mesh: Mesh):
 
 
 def load_sharded(model: str | None, dtype="auto", tp: int = 1, devices=None,
-                 quantization: str | None = None):
-    """-> (model, params, mesh): ``models.load_model`` with weights loaded into shards."""
+                 quantization: str | None = None, *, resolved=None, expert_parallel: bool = False):
+    """-> (model, params, mesh): ``models.load_model`` with weights loaded into shards
+    (``resolved``: a ``models.ResolvedModel`` already found, instead of ``model``)."""
     import pagedjax.models as models
 
-    resolved = models.resolve_model(model)
-    check_tensor_parallel(models.build_model(resolved, dtype).info, tp,
-                          len(devices) if devices is not None else None)
+    resolved = resolved or models.resolve_model(model)
+    abstract = models.build_model(resolved, dtype)
+    check_tensor_parallel(abstract.info, tp, len(devices) if devices is not None else None)
+    if expert_parallel:
+        check_expert_parallel(abstract, tp)
     mesh = make_mesh(tp, devices)
     m, host = models.prepare(resolved, dtype, quantization)  # host numpy, memory-mapped
-    params = shard_params(host, m, mesh)
+    params = shard_params(host, m, mesh, expert_parallel)
     del host
     return m, params, mesh
 

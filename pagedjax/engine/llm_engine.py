@@ -24,6 +24,7 @@ import numpy as np
 from pagedjax.distributed import multihost
 from pagedjax.config import EngineArgs
 from pagedjax.engine.core import EngineCore
+from pagedjax.engine.generation_defaults import generation_defaults
 from pagedjax.engine.output_processor import OutputProcessor
 from pagedjax.outputs import RequestOutput
 from pagedjax.core.request import Request
@@ -52,7 +53,10 @@ class LLMEngine:
         self.args = args
         enable_compilation_cache(args.compilation_cache_dir)
         start_cpu_builds(args)
-        self.resolved = models.resolve_model(args.model)
+        self.resolved = models.resolve_model(args.model, revision=args.revision,
+                                              download_dir=args.download_dir)
+        self.default_sampling = generation_defaults(self.resolved.generation_config,
+                                                    args.generation_config)
         self.model_name = args.model or models.DEFAULT_MODEL
         if jax.process_count() > 1 and args.tensor_parallel_size != jax.device_count():
             raise ValueError(
@@ -64,9 +68,10 @@ class LLMEngine:
 
             self.model, self.params, self.mesh = sharding.load_sharded(
                 args.model, args.dtype, args.tensor_parallel_size,
-                quantization=args.quantization)
+                quantization=args.quantization, resolved=self.resolved,
+                expert_parallel=args.enable_expert_parallel)
         else:
-            self.model, self.params = models.load_model(args.model, dtype=args.dtype,
+            self.model, self.params = models.load_model(resolved=self.resolved, dtype=args.dtype,
                                                         quantization=args.quantization)
             self.mesh = None
         self.lora = None  # pagedjax.lora.manager.LoRAManager when enable_lora
@@ -107,7 +112,8 @@ class LLMEngine:
         self.runner = Runner(self.model, self.params, kv, page_size=args.page_size,
                              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=mnbt,
                              max_model_len=cfg.max_model_len,
-                             plan=make_plan(cfg.attention_backend, self.mesh))
+                             plan=make_plan(cfg.attention_backend, self.mesh,
+                                            args.enable_expert_parallel))
         # Multi-host: process 0 publishes its requests to the followers before each step.
         self._leader = multihost.make_leader()
         self.eos_token_ids = tuple(info.eos_token_ids) or (

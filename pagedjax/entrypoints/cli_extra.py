@@ -34,7 +34,8 @@ def register(sub) -> None:
                                    "/v1/chat/completions, /v1/models, /health, /metrics).")
     s.add_argument("model_tag", nargs="?", default=None, help="model (same as --model)")
     s.add_argument("--model", default=None,
-                   help="short name (SmolLM2-135M-Instruct, the default), HF folder or .gguf file")
+                   help="short name (SmolLM2-135M-Instruct, the default), HF folder, .gguf file "
+                        "or hub id (org/name)")
     add_server_args(s)
     s.set_defaults(func=cmd_serve)
 

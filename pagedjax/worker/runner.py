@@ -373,7 +373,7 @@ class Runner:
         return ("copy", n), lambda: self._copy.lower(self.kv_caches, idx, idx).compile()
 
 
-def make_plan(attn_backend: str, mesh=None) -> ExecutionPlan:
+def make_plan(attn_backend: str, mesh=None, expert_parallel: bool = False) -> ExecutionPlan:
     """The execution plan of an engine: its backend, matmul routing and mesh.
 
     On the cpu_native backend, steps of at most ``native_matmul_rows`` tokens
@@ -387,7 +387,8 @@ def make_plan(attn_backend: str, mesh=None) -> ExecutionPlan:
 
         if cpu_native.fast_matmul():
             rows = cpu_matmul_rows.native_matmul_rows()
-    return ExecutionPlan(attn_backend=attn_backend, native_matmul_rows=rows, mesh=mesh)
+    return ExecutionPlan(attn_backend=attn_backend, native_matmul_rows=rows, mesh=mesh,
+                         expert_parallel=expert_parallel and mesh is not None)
 
 
 def kv_cache_bytes_per_page(info, page_size: int, dtype) -> int:

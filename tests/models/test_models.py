@@ -256,7 +256,7 @@ def test_unknown_architecture(tmp_path):
 
 
 def test_missing_folder_and_files(tmp_path):
-    with pytest.raises(FileNotFoundError, match="not a folder or .gguf"):
+    with pytest.raises(FileNotFoundError, match="not a folder, a .gguf file or a hub id"):
         models.resolve_model(str(tmp_path / "nope"))
     with pytest.raises(FileNotFoundError, match="config.json"):
         models.resolve_model(str(tmp_path))

@@ -222,7 +222,8 @@ def make_parser() -> argparse.ArgumentParser:
                                 description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None,
-                   help="short name (SmolLM2-135M-Instruct, the default), HF folder or .gguf file")
+                   help="short name (SmolLM2-135M-Instruct, the default), HF folder, .gguf file "
+                        "or hub id (org/name)")
     add_server_args(p)
     return p
 

@@ -37,6 +37,8 @@ class OpenAIServing:
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
         self.vocab_size = engine.info.vocab_size
+        # The model's generation_config.json values for fields a request leaves unset.
+        self.defaults = dict(getattr(engine, "default_sampling", {}))
         self.served_model_names = served_model_names
         self.max_logprobs = max_logprobs
         self.template_time_limit_s = template_time_limit_s
@@ -74,8 +76,8 @@ class OpenAIServing:
                 f"This model's maximum context length is {limit} tokens. However, your request "
                 f"has {n_prompt} input tokens. Please reduce the length of the {what}.", 400,
                 param=what)
-        if max_tokens is None:
-            return limit - n_prompt
+        if max_tokens is None:  # the room left, or the model's max_new_tokens if smaller
+            return min(limit - n_prompt, self.defaults.get("max_tokens", limit))
         if n_prompt + max_tokens > limit:
             raise OpenAIError(
                 f"This model's maximum context length is {limit} tokens. However, you requested "
@@ -95,15 +97,19 @@ class OpenAIServing:
             if v is not None and v > self.max_logprobs:
                 raise OpenAIError(f"{aliases.get(name, name)} must be <= {self.max_logprobs}, "
                                   f"got {v}.", 400, param=aliases.get(name, name))
+        d = self.defaults
         kw = dict(
-            n=req.n, temperature=1.0 if req.temperature is None else req.temperature,
-            top_p=1.0 if req.top_p is None else req.top_p,
-            top_k=0 if req.top_k is None else req.top_k,
-            min_p=0.0 if req.min_p is None else req.min_p, seed=req.seed, stop=req.stop,
+            n=req.n, temperature=d.get("temperature", 1.0) if req.temperature is None
+            else req.temperature,
+            top_p=d.get("top_p", 1.0) if req.top_p is None else req.top_p,
+            top_k=d.get("top_k", 0) if req.top_k is None else req.top_k,
+            min_p=d.get("min_p", 0.0) if req.min_p is None else req.min_p, seed=req.seed,
+            stop=req.stop,
             stop_token_ids=req.stop_token_ids,
             presence_penalty=req.presence_penalty or 0.0,
             frequency_penalty=req.frequency_penalty or 0.0,
-            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            repetition_penalty=d.get("repetition_penalty", 1.0) if req.repetition_penalty is None
+            else req.repetition_penalty,
             max_tokens=max_tokens, min_tokens=req.min_tokens, logprobs=logprobs,
             prompt_logprobs=prompt_logprobs, ignore_eos=req.ignore_eos,
             include_stop_str_in_output=req.include_stop_str_in_output,
