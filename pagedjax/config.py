@@ -87,10 +87,12 @@ class EngineArgs:
               'docs/speculative_decoding.md)')
 
     def validate(self) -> None:
+        self._check_types()
+
         def positive(name: str, value: Any) -> None:
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                                       or value < 1):
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+                raise ValueError(f"{name} must be a positive integer, got {str(value)[:60]!r}")
 
         for name in ("max_model_len", "num_pages", "page_size", "max_num_seqs",
                      "max_num_batched_tokens", "tensor_parallel_size", "max_loras",
@@ -111,6 +113,27 @@ class EngineArgs:
             value = getattr(self, f.name)
             if choices and value not in choices:
                 raise ValueError(f"{f.name} must be one of {', '.join(choices)}, got {value!r}")
+
+    def _check_types(self) -> None:
+        """Paths, numbers and switches of the wrong type (a TypeError that is also a
+        ValueError, naming the argument)."""
+        from pagedjax.sampling_params import ArgumentTypeError, short
+
+        for name in ("model", "tokenizer", "compilation_cache_dir"):
+            v = getattr(self, name)
+            if v is not None and not isinstance(v, (str, os.PathLike)):
+                raise ArgumentTypeError(f"{name} must be a path or model name (str), got "
+                                        f"{type(v).__name__} {short(v)}")
+        for name in ("gpu_memory_utilization", "cpu_kv_cache_gib"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ArgumentTypeError(f"{name} must be a number, got {short(v)}")
+        for name in ("enable_prefix_caching", "scan_layers", "async_scheduling", "enable_lora"):
+            if not isinstance(getattr(self, name), bool):
+                raise ArgumentTypeError(f"{name} must be True or False, got "
+                                        f"{short(getattr(self, name))}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ArgumentTypeError(f"seed must be an integer, got {short(self.seed)}")
 
     # ------------------------------------------------------------------ command line
     @classmethod

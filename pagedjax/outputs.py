@@ -52,7 +52,7 @@ class CompletionOutput:
     token_ids: list[int]
     cumulative_logprob: Optional[float]
     logprobs: Optional[SampleLogprobs]
-    finish_reason: Optional[str] = None  # "stop" | "length" | "abort"
+    finish_reason: Optional[str] = None  # "stop" | "length" | "abort" | "error"
     stop_reason: Union[int, str, None] = None  # the stop string or stop token id
 
     def finished(self) -> bool:

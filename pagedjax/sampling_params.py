@@ -2,8 +2,10 @@
 
 ``SamplingParams`` is what users pass to ``LLM.generate`` and what the server
 builds from an OpenAI request. Every check raises ``ValueError`` with a message
-that names the field, the bound and the value received, so a user knows what
-to change. Limits that shape device arrays are module constants.
+that names the field, the bound and the value received (shortened by
+:func:`short`), so a user knows what to change; a value of the wrong type raises
+:class:`ArgumentTypeError`, which is both a ``TypeError`` and a ``ValueError``.
+Limits that shape device arrays are module constants.
 """
 
 from __future__ import annotations
@@ -52,12 +54,59 @@ class SamplingType(enum.IntEnum):
     RANDOM_SEED = 2
 
 
+class ArgumentTypeError(TypeError, ValueError):
+    """An argument of the wrong type (a TypeError; also a ValueError, so that code
+    catching bad input as ValueError catches it too)."""
+
+
+MAX_QUOTE_CHARS = 60
+
+
+def short(value: Any, limit: int = MAX_QUOTE_CHARS) -> str:
+    """``repr(value)`` cut to ``limit`` characters, with its type and full size said."""
+    try:
+        r = repr(value)
+    except Exception:  # noqa: BLE001 - e.g. an int too large to print
+        return f"<{type(value).__name__}>"
+    if len(r) <= limit:
+        return r
+    return f"{r[:limit]}... ({type(value).__name__}, {len(r)} characters)"
+
+
+def _as_list(name: str, value: Any, what: str) -> list:
+    """A list/tuple (or None -> []) as a list; ArgumentTypeError otherwise."""
+    if value is None:
+        return []
+    if not isinstance(value, (list, tuple)):
+        raise ArgumentTypeError(f"{name} must be {what}, got {type(value).__name__} "
+                                f"{short(value)}.")
+    return list(value)
+
+
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _logit_bias(value: Any) -> dict[int, float]:
+    """{token id: bias}; string keys of digits are accepted (OpenAI's JSON form)."""
+    if not isinstance(value, dict):
+        raise ArgumentTypeError("logit_bias must be a dict {token id: bias}, got "
+                                f"{type(value).__name__} {short(value)}.")
+    out = {}
+    for k, v in value.items():
+        if isinstance(k, str) and k.isascii() and k.isdigit():
+            k = int(k)
+        if not _is_int(k):
+            raise ArgumentTypeError(f"logit_bias keys must be token ids (int), got {short(k)}.")
+        if not _is_number(v):
+            raise ArgumentTypeError(f"logit_bias values must be numbers, got {short(v)} for "
+                                    f"token {k}.")
+        out[k] = float(v)
+    return out
 
 
 @dataclass
@@ -96,21 +145,21 @@ class StructuredOutputsParams:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, str) or not v):
                 raise ValueError(f"structured_outputs.{name} must be a non-empty string, "
-                                 f"got {v!r}.")
+                                 f"got {short(v)}.")
         if self.choice is not None:
             if isinstance(self.choice, str) or not isinstance(self.choice, (list, tuple)):
                 raise ValueError("structured_outputs.choice must be a list of strings, "
-                                 f"got {self.choice!r}.")
+                                 f"got {short(self.choice)}.")
             self.choice = list(self.choice)
             if not self.choice or not all(isinstance(c, str) and c for c in self.choice):
                 raise ValueError("structured_outputs.choice must be a non-empty list of "
-                                 f"non-empty strings, got {self.choice!r}.")
+                                 f"non-empty strings, got {short(self.choice)}.")
         if self.json_object is not None and not isinstance(self.json_object, bool):
             raise ValueError(f"structured_outputs.json_object must be True or False, "
-                             f"got {self.json_object!r}.")
+                             f"got {short(self.json_object)}.")
         if not isinstance(self.disable_any_whitespace, bool):
             raise ValueError("structured_outputs.disable_any_whitespace must be True or False, "
-                             f"got {self.disable_any_whitespace!r}.")
+                             f"got {short(self.disable_any_whitespace)}.")
 
     @property
     def kind(self) -> str:
@@ -162,23 +211,16 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         # Normalise containers first so that checks see one form.
-        if self.stop is None:
-            self.stop = []
-        elif isinstance(self.stop, str):
-            self.stop = [self.stop]
-        else:
-            self.stop = list(self.stop)
-        self.stop_token_ids = [] if self.stop_token_ids is None else list(self.stop_token_ids)
-        self.bad_words = [] if self.bad_words is None else list(self.bad_words)
+        self.stop = [self.stop] if isinstance(self.stop, str) else _as_list(
+            "stop", self.stop, "a string or a list of strings")
+        self.stop_token_ids = _as_list("stop_token_ids", self.stop_token_ids,
+                                       "a list of token ids")
+        self.bad_words = _as_list("bad_words", self.bad_words, "a list of strings")
         if self.logit_bias is not None:
-            try:
-                self.logit_bias = {int(k): float(v) for k, v in dict(self.logit_bias).items()}
-            except (TypeError, ValueError) as e:
-                raise ValueError(
-                    "logit_bias must map token ids (int) to biases (float), "
-                    f"got {self.logit_bias!r}") from e
+            self.logit_bias = _logit_bias(self.logit_bias)
         if self.allowed_token_ids is not None:
-            self.allowed_token_ids = list(self.allowed_token_ids)
+            self.allowed_token_ids = _as_list("allowed_token_ids", self.allowed_token_ids,
+                                              "a list of token ids")
         if _is_int(self.output_kind) and not isinstance(self.output_kind, RequestOutputKind) \
                 and self.output_kind in (0, 1, 2):
             self.output_kind = RequestOutputKind(self.output_kind)
@@ -203,7 +245,7 @@ class SamplingParams:
             if v is None and optional:
                 return
             if not _is_int(v):
-                raise ValueError(f"{name} must be an integer, got {v!r}.")
+                raise ArgumentTypeError(f"{name} must be an integer, got {short(v)}.")
             if lo is not None and v < lo:
                 raise ValueError(f"{name} must be >= {lo}, got {v}.{hint}")
             if hi is not None and v > hi:
@@ -211,8 +253,10 @@ class SamplingParams:
 
         def need_num(name: str) -> float:
             v = getattr(self, name)
-            if not _is_number(v) or not math.isfinite(v):
-                raise ValueError(f"{name} must be a finite number, got {v!r}.")
+            if not _is_number(v):
+                raise ArgumentTypeError(f"{name} must be a finite number, got {short(v)}.")
+            if not math.isfinite(v):
+                raise ValueError(f"{name} must be a finite number, got {short(v)}.")
             return float(v)
 
         need_int("n", 1)
@@ -249,7 +293,8 @@ class SamplingParams:
         need_int("prompt_logprobs", 0, MAX_LOGPROBS, optional=True, hint=hint)
         for s in self.stop:
             if not isinstance(s, str):
-                raise ValueError(f"stop must be a string or a list of strings, got {s!r}.")
+                raise ArgumentTypeError(f"stop must be a string or a list of strings, got "
+                                        f"{short(s)} in the list.")
             if s == "":
                 raise ValueError("stop cannot contain an empty string.")
         if self.stop and not self.detokenize:
@@ -262,8 +307,10 @@ class SamplingParams:
                 f"bad_words may hold at most {MAX_BAD_WORDS} words "
                 f"(MAX_BAD_WORDS), got {len(self.bad_words)}.")
         for w in self.bad_words:
-            if not isinstance(w, str) or not w.strip():
-                raise ValueError(f"bad_words must be non-empty strings, got {w!r}.")
+            if not isinstance(w, str):
+                raise ArgumentTypeError(f"bad_words must be non-empty strings, got {short(w)}.")
+            if not w.strip():
+                raise ValueError(f"bad_words must be non-empty strings, got {short(w)}.")
         if self.logit_bias is not None:
             if len(self.logit_bias) > MAX_LOGIT_BIAS:
                 raise ValueError(
@@ -282,24 +329,28 @@ class SamplingParams:
                     "allowed_token_ids must not be empty; pass None to allow all tokens.")
             self._check_ids("allowed_token_ids", self.allowed_token_ids, None)
         if not isinstance(self.output_kind, RequestOutputKind):
-            raise ValueError("output_kind must be a pagedjax.sampling_params.RequestOutputKind "
-                             f"(CUMULATIVE, DELTA or FINAL_ONLY), got {self.output_kind!r}.")
+            raise ArgumentTypeError(
+                "output_kind must be a pagedjax.sampling_params.RequestOutputKind "
+                f"(CUMULATIVE, DELTA or FINAL_ONLY), got {short(self.output_kind)}.")
         if self.structured_outputs is not None and not isinstance(
                 self.structured_outputs, StructuredOutputsParams):
-            raise ValueError("structured_outputs must be a StructuredOutputsParams, got "
+            raise ArgumentTypeError("structured_outputs must be a StructuredOutputsParams, got "
                              f"{type(self.structured_outputs).__name__}.")
         for name in ("include_stop_str_in_output", "ignore_eos", "detokenize",
                      "skip_special_tokens", "spaces_between_special_tokens"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}.")
+                raise ArgumentTypeError(
+                    f"{name} must be True or False, got {short(getattr(self, name))}.")
 
     @staticmethod
     def _check_ids(name: str, ids: list, limit: Optional[int]) -> None:
         if limit is not None and len(ids) > limit:
             raise ValueError(f"{name} may hold at most {limit} ids, got {len(ids)}.")
         for t in ids:
-            if not _is_int(t) or t < 0:
-                raise ValueError(f"{name} must hold non-negative integer token ids, got {t!r}.")
+            if not _is_int(t):
+                raise ArgumentTypeError(f"{name} must hold integer token ids, got {short(t)}.")
+            if t < 0:
+                raise ValueError(f"{name} must hold non-negative token ids, got {t}.")
 
     def verify_vocab(self, vocab_size: int) -> None:
         """Raise ValueError if a token id in the params is >= vocab_size."""
@@ -365,14 +416,16 @@ class BeamSearchParams:
 
     def __post_init__(self) -> None:
         if not _is_int(self.beam_width) or self.beam_width < 1:
-            raise ValueError(f"beam_width must be an integer >= 1, got {self.beam_width!r}.")
+            raise ValueError(
+                f"beam_width must be an integer >= 1, got {short(self.beam_width)}.")
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}.")
+            raise ValueError(
+                f"max_tokens must be an integer >= 1, got {short(self.max_tokens)}.")
         if not _is_number(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}.")
+            raise ValueError(f"temperature must be >= 0, got {short(self.temperature)}.")
         if not _is_number(self.length_penalty) or not math.isfinite(self.length_penalty):
             raise ValueError(
-                f"length_penalty must be a finite number, got {self.length_penalty!r}.")
+                f"length_penalty must be a finite number, got {short(self.length_penalty)}.")
 
     def clone(self) -> "BeamSearchParams":
         return copy.deepcopy(self)

@@ -13,7 +13,8 @@ or an exception, or a completed stream lacks a finish reason or [DONE]; *hung*
 if it exceeds --request-timeout. Reports p50/p99 TTFT and end-to-end latency,
 KV pages held once the server is idle, and the server's RSS over time (after
 warm-up = the first sample past 10% of the run, mid = at half time). Prints a
-table and writes JSON (default benchmarks/results/soak.json).
+table and writes JSON (default benchmarks/results/soak.json). ``--hostile N``
+adds N clients of slow readers and bad input (benchmarks/serving/soak_hostile.py).
 """
 
 from __future__ import annotations
@@ -175,8 +176,19 @@ def wait_idle(base: str, api_key: str | None, timeout: float = 120.0) -> dict:
         time.sleep(0.5)
 
 
+async def _all_clients(base, api_key, clients, duration, max_requests, timeout, seed, hostile):
+    from soak_hostile import hostile_clients
+
+    jobs = [run_clients(base, api_key, clients, duration, max_requests, timeout, seed)]
+    if hostile:
+        jobs.append(hostile_clients(base, api_key, hostile, time.time() + duration,
+                                    min(timeout, 180.0), seed))
+    out = await asyncio.gather(*jobs)
+    return out[0], (out[1] if hostile else [])
+
+
 def soak(base: str, pid: int, api_key: str | None, clients: int, duration: float,
-         max_requests: int, timeout: float = 120.0, seed: int = 0) -> dict:
+         max_requests: int, timeout: float = 120.0, seed: int = 0, hostile: int = 0) -> dict:
     """Run the soak against a running server; returns the summary dict."""
     rss: list = []
     stop, t0 = threading.Event(), time.time()
@@ -185,8 +197,8 @@ def soak(base: str, pid: int, api_key: str | None, clients: int, duration: float
                                daemon=True)
     sampler.start()
     load0 = loadavg()
-    records = asyncio.run(run_clients(base, api_key, clients, duration, max_requests, timeout,
-                                      seed))
+    records, bad = asyncio.run(_all_clients(base, api_key, clients, duration, max_requests,
+                                            timeout, seed, hostile))
     stop.set()
     sampler.join()
     wall = time.time() - t0
@@ -218,8 +230,15 @@ def soak(base: str, pid: int, api_key: str | None, clients: int, duration: float
         "xla_compilations": {"start": rss[0][2], "after_warmup": at(0.1, 2), "mid": at(0.5, 2),
                              "end": rss[-1][2]},
         "rss_timeline": [(round(t, 1), r, c) for t, r, c in rss],
+        "hostile": _hostile_summary(bad),
         "loadavg_before": load0, "loadavg_after": loadavg(),
     }
+
+
+def _hostile_summary(records: list[dict]) -> dict:
+    from soak_hostile import summary
+
+    return summary(records)
 
 
 def _ms(x):
@@ -234,7 +253,8 @@ def start_server(ns) -> tuple[subprocess.Popen, str]:
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "pagedjax.entrypoints.openai.api_server", "--port", str(port),
            "--max-model-len", "512", "--max-num-seqs", str(ns.max_num_seqs),
-           "--num-pages", "512", "--log-level", "warning"] + (["--warmup"] if ns.warmup else [])
+           "--num-pages", "512", "--log-level", "warning",
+           "--stream-stall-timeout", str(ns.stall_timeout)] + (["--warmup"] if ns.warmup else [])
     proc = subprocess.Popen(cmd)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 600
@@ -265,6 +285,8 @@ def print_table(s: dict) -> None:
                 **s["xla_compilations"]))]
     for k, v in rows:
         print(f"{k:<26} {v}")
+    for kind, d in s.get("hostile", {}).items():
+        print(f"{'hostile ' + kind:<26} ok {d['ok']} / failed {d['failed']} / hung {d['hung']}")
     for e in s["errors"][:5]:
         print("  error:", e)
 
@@ -285,6 +307,10 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup", action="store_true",
                    help="start the server with --warmup (every step shape compiled first)")
+    p.add_argument("--hostile", type=int, default=0,
+                   help="extra clients of slow readers and bad input (soak_hostile.py)")
+    p.add_argument("--stall-timeout", type=float, default=10.0,
+                   help="--stream-stall-timeout of the server this script starts")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                                  "results", "soak.json"))
     ns = p.parse_args(argv)
@@ -298,7 +324,7 @@ def main(argv=None) -> int:
             p.error("--server-pid is needed with --base-url (for the RSS figures)")
     try:
         summary = soak(base, pid, ns.api_key, ns.clients, ns.duration, ns.max_requests,
-                       ns.request_timeout, ns.seed)
+                       ns.request_timeout, ns.seed, ns.hostile)
     finally:
         if proc is not None:
             proc.terminate()
@@ -312,7 +338,8 @@ def main(argv=None) -> int:
     with open(ns.out, "w") as f:
         json.dump(summary, f, indent=1)
     print(f"wrote {ns.out}")
-    bad = summary["failed"] or summary["hung"] or summary["pages_held_at_end"]
+    bad = summary["failed"] or summary["hung"] or summary["pages_held_at_end"] or any(
+        d["failed"] or d["hung"] for d in summary["hostile"].values())
     return 1 if bad else 0
 
 

@@ -62,6 +62,7 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = "finished_stopped"
     FINISHED_LENGTH = "finished_length"
     FINISHED_ABORTED = "finished_aborted"
+    FINISHED_ERROR = "finished_error"  # the request failed while running (e.g. its grammar)
 
     def is_finished(self) -> bool:
         """`status.is_finished()` or `RequestStatus.is_finished(status)`."""
@@ -69,7 +70,7 @@ class RequestStatus(enum.Enum):
 
     @property
     def finish_reason(self) -> str | None:
-        """'stop' | 'length' | 'abort' for finished states, else None."""
+        """'stop' | 'length' | 'abort' | 'error' for finished states, else None."""
         return _FINISH_REASONS.get(self)
 
     @classmethod
@@ -78,13 +79,14 @@ class RequestStatus(enum.Enum):
             if name == reason:
                 return status
         raise ValueError(
-            f"finish_reason must be one of 'stop', 'length', 'abort', got {reason!r}")
+            f"finish_reason must be one of 'stop', 'length', 'abort', 'error', got {reason!r}")
 
 
 _FINISH_REASONS = {
     RequestStatus.FINISHED_STOPPED: "stop",
     RequestStatus.FINISHED_LENGTH: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_ERROR: "error",
 }
 
 

@@ -35,6 +35,7 @@ import traceback
 import uuid
 from typing import Any, AsyncIterator, Callable, Optional, Sequence
 
+from pagedjax.engine import input_checks as checks
 from pagedjax.engine.output_stream import RequestStream
 from pagedjax.outputs import RequestOutput
 from pagedjax.sampling_params import RequestOutputKind, SamplingParams
@@ -68,11 +69,7 @@ class AsyncLLM:
         from pagedjax.config import EngineArgs
         from pagedjax.engine.llm_engine import LLMEngine
 
-        fields = set(EngineArgs.__dataclass_fields__)
-        unknown = sorted(set(engine_kwargs) - fields)
-        if unknown:
-            raise TypeError(f"AsyncLLM() got unknown argument(s) {unknown}; "
-                            f"valid: {sorted(fields)}")
+        checks.unknown_kwargs("AsyncLLM", engine_kwargs, EngineArgs.__dataclass_fields__)
         engine = LLMEngine(EngineArgs(model=model, tokenizer=tokenizer, **engine_kwargs))
         self._start(engine, stat_logger)
 
@@ -161,14 +158,14 @@ class AsyncLLM:
         Raises ``ValueError`` for a bad request. Iterate the stream with
         ``async for``; ``stream.close()`` aborts the request if unfinished.
         """
-        params = params if params is not None else SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling_params must be SamplingParams, got "
-                             f"{type(params).__name__}")
-        if isinstance(prompt, str) or (isinstance(prompt, dict) and "prompt_token_ids" not in prompt
-                                       and isinstance(prompt.get("prompt"), str)):
-            text, ids = await self.tokenize(prompt)
-            prompt = {"prompt": text, "prompt_token_ids": ids}
+        params = checks.sampling_params(params)
+        checks.request_id(request_id)
+        checks.check_prompt(prompt)
+        priority = checks.priority(priority)
+        params.verify_vocab(self.engine.info.vocab_size)
+        text, ids = await self.tokenize(prompt)  # ids range-checked; in the worker pool
+        prompt = {**(prompt if isinstance(prompt, dict) else {}), "prompt": text,
+                  "prompt_token_ids": ids}
         if params.structured_outputs is not None:  # compiled off the engine thread (cached)
             await self.run_in_worker(self.engine.compile_grammar, params)
         loop = asyncio.get_running_loop()
@@ -194,6 +191,9 @@ class AsyncLLM:
         cancelling the task, aborts the request and frees its pages.
         """
         rid = request_id if request_id is not None else f"req-{uuid.uuid4().hex}"
+        if not isinstance(rid, str) or not rid:
+            raise checks.ArgumentTypeError(f"request_id must be a non-empty string, got "
+                                           f"{checks.short(rid)}.")
         stream = await self.add_request(rid, prompt, sampling_params, priority=priority,
                                         lora_request=lora_request)
         try:

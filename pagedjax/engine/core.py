@@ -360,14 +360,16 @@ class EngineCore:
 
     def _advance_grammar(self, grammar: Any, req: Request) -> None:
         """Feed a constrained sequence's new token to its matcher; a complete grammar
-        finishes the sequence now ('stop'), a broken one aborts it."""
+        finishes the sequence now ('stop'), a broken one ends it with 'error' (the
+        matcher's message as its stop_reason)."""
         state = grammar.advance(req.request_id, req.output_token_ids)
         if state == "done":
             self.scheduler.finish_request(req.request_id, "stop")
         elif state == "error":
-            logger.warning("structured output of %s left its grammar: %s", req.request_id,
-                           grammar.error(req.request_id))
-            self.scheduler.finish_request(req.request_id, "abort")
+            why = grammar.error(req.request_id) or "the grammar matcher failed"
+            logger.warning("structured output of %s failed: %s", req.request_id, why)
+            self.scheduler.finish_request(req.request_id, "error",
+                                          f"structured output failed: {why}")
 
     def _spec_updates(self, req: Request, rid: str, idx: int, j: int, tokens: list[int], res,
                       spec: dict, out: CoreOutput) -> None:

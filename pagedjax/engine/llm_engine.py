@@ -37,6 +37,7 @@ from pagedjax.engine.startup import (
     resolve_config,
     start_cpu_builds,
 )
+from pagedjax.engine import input_checks as checks
 from pagedjax.structured_output.grammar import GrammarCompiler, GrammarState
 
 logger = logging.getLogger("pagedjax.engine.llm_engine")
@@ -150,23 +151,24 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ requests
     def tokenize(self, prompt: Any) -> tuple[str | None, list[int]]:
-        """str, list of token ids, or {"prompt": ...} / {"prompt_token_ids": [...]}."""
+        """str, list of token ids, or {"prompt": ...} / {"prompt_token_ids": [...]}
+        (ArgumentTypeError / ValueError naming the argument; ids checked against the
+        vocabulary)."""
+        checks.check_prompt(prompt)
+        vocab = self.info.vocab_size
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
-                return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
-            prompt = prompt.get("prompt")
+                text = prompt.get("prompt")
+                if text is not None and not isinstance(text, str):
+                    raise checks.ArgumentTypeError("prompt['prompt'] must be a string or None, "
+                                                   f"got {type(text).__name__}.")
+                return text, checks.token_ids("prompt_token_ids", prompt["prompt_token_ids"],
+                                              vocab)
+            prompt = prompt["prompt"]
         if isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt, add_special_tokens=True)
             return prompt, list(ids)
-        if isinstance(prompt, (list, tuple)) and all(isinstance(t, (int, np.integer)) for t in prompt):
-            ids = [int(t) for t in prompt]
-            bad = [t for t in ids if not 0 <= t < self.info.vocab_size]
-            if bad:
-                raise ValueError(f"prompt token ids must be in [0, {self.info.vocab_size}), "
-                                 f"got {bad[:5]}")
-            return None, ids
-        raise ValueError("prompt must be a string, a list of token ids, or a dict with "
-                         f"'prompt' or 'prompt_token_ids'; got {type(prompt).__name__}")
+        return None, checks.token_ids("prompt", prompt, vocab)
 
     def add_request(self, request_id: str, prompt: Any, params: SamplingParams | None = None,
                     arrival_time: float | None = None, priority: int = 0, *,
@@ -179,9 +181,10 @@ class LLMEngine:
         """
         from pagedjax.engine import tokenizer as tok_mod
 
-        params = params or SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling params must be SamplingParams, got {type(params).__name__}")
+        params = checks.sampling_params(params)
+        checks.request_id(request_id)
+        priority = checks.priority(priority)
+        params.verify_vocab(self.info.vocab_size)
         if self.processor.has(request_id) or not self.core.is_finished(request_id):
             raise ValueError(f"request id {request_id!r} is already in use")
         text, ids = self.tokenize(prompt)

@@ -100,7 +100,7 @@ class EngineMetrics:
                                    ["model_name", "finished_reason"], registry=r)
                         for p in ("vllm", "pagedjax")}
         for counter in self.success.values():  # shown at 0 before the first request
-            for reason in ("stop", "length", "abort"):
+            for reason in ("stop", "length", "abort", "error"):
                 counter.labels(model_name, reason)
         self.ttft = both(h, "vllm:time_to_first_token_seconds",
                          "pagedjax:time_to_first_token_seconds",

@@ -6,6 +6,7 @@ import itertools
 from typing import Any, Sequence
 
 from pagedjax.config import EngineArgs
+from pagedjax.engine import input_checks as checks
 from pagedjax.engine.llm_engine import LLMEngine
 from pagedjax.outputs import BeamSearchOutput, RequestOutput
 from pagedjax.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
@@ -22,10 +23,7 @@ class LLM:
     """
 
     def __init__(self, model: str | None = None, tokenizer: str | None = None, **kwargs: Any):
-        fields = set(EngineArgs.__dataclass_fields__)
-        unknown = sorted(set(kwargs) - fields)
-        if unknown:
-            raise TypeError(f"LLM() got unknown argument(s) {unknown}; valid: {sorted(fields)}")
+        checks.unknown_kwargs("LLM", kwargs, EngineArgs.__dataclass_fields__)
         self.engine_args = EngineArgs(model=model, tokenizer=tokenizer, **kwargs)
         self.llm_engine = LLMEngine(self.engine_args)
         self._ids = itertools.count()
@@ -49,27 +47,24 @@ class LLM:
         with one per prompt (None entries: the base model); needs ``enable_lora``.
         Returns one :class:`RequestOutput` per prompt, in prompt order.
         """
-        if isinstance(prompts, (str, dict)) or (
-                isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        prompts = list(prompts)
+        prompts = checks.prompt_list(prompts)
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
         if isinstance(sampling_params, SamplingParams):
-            params = [sampling_params] * len(prompts)
+            params = [checks.sampling_params(sampling_params)] * len(prompts)
         else:
-            params = list(sampling_params)
-            if len(params) != len(prompts):
-                raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts; "
-                                 "give one, or one per prompt")
+            params = checks.per_prompt("sampling_params", sampling_params, len(prompts),
+                                       checks.sampling_params)
         params = _final_only(params)
-        if priority is not None and len(priority) != len(prompts):
-            raise ValueError("priority must have one entry per prompt")
+        priority = checks.per_prompt("priority", priority, len(prompts), checks.priority)
+        if not isinstance(use_tqdm, bool):
+            raise checks.ArgumentTypeError(f"use_tqdm must be True or False, got "
+                                           f"{checks.short(use_tqdm)}.")
         loras = list(lora_request) if isinstance(lora_request, (list, tuple)) \
             else [lora_request] * len(prompts)
         if len(loras) != len(prompts):
-            raise ValueError(f"got {len(loras)} lora requests for {len(prompts)} prompts; "
-                             "give one, or one per prompt")
+            raise ValueError(f"lora_request must be one LoRARequest or a list with one per "
+                             f"prompt ({len(prompts)}), got {len(loras)}")
         engine = self.llm_engine
         ids = []
         try:

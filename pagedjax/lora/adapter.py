@@ -36,8 +36,13 @@ def read_config(path: str) -> dict:
         hint = (" (only adapter_model.bin found: re-save it with safe_serialization=True)"
                 if os.path.isfile(os.path.join(path, "adapter_model.bin")) else "")
         raise ValueError(f"LoRA adapter {path!r}: {WEIGHTS} is missing{hint}")
-    with open(cfg_path) as f:
-        cfg = json.load(f)
+    try:
+        with open(cfg_path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (OSError, ValueError) as e:  # unreadable, not UTF-8, not JSON
+        raise ValueError(f"LoRA adapter {path!r}: {CONFIG} is not readable JSON "
+                         f"({type(e).__name__})") from None
+    check_config_values(path, cfg)
     peft_type = str(cfg.get("peft_type", "LORA")).upper()
     checks = [
         (peft_type != "LORA", f"peft_type is {peft_type!r}; only LORA adapters are served"),
@@ -53,6 +58,24 @@ def read_config(path: str) -> dict:
         if bad:
             raise ValueError(f"LoRA adapter {path!r}: {why}")
     return cfg
+
+
+def check_config_values(path: str, cfg) -> None:
+    """The config is a JSON object whose rank and alpha are usable numbers (ValueError)."""
+    if not isinstance(cfg, dict):
+        raise ValueError(f"LoRA adapter {path!r}: {CONFIG} must be a JSON object, got "
+                         f"a {type(cfg).__name__}")
+    r = cfg.get("r", 8)
+    if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
+        raise ValueError(f"LoRA adapter {path!r}: r (the rank) must be a positive integer, "
+                         f"got {str(r)[:40]!r}")
+    alpha = cfg.get("lora_alpha", 8)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
+        raise ValueError(f"LoRA adapter {path!r}: lora_alpha must be a finite number, got "
+                         f"{str(alpha)[:40]!r}")
+    for key in ("peft_type", "bias"):
+        if key in cfg and cfg[key] is not None and not isinstance(cfg[key], str):
+            raise ValueError(f"LoRA adapter {path!r}: {key} must be a string")
 
 
 def _scaling(cfg: dict, r: int) -> float:
@@ -89,10 +112,10 @@ def read_pieces(path: str, cfg: dict, max_rank: int) -> dict[str, tuple]:
         if set(ab) != {"lora_A", "lora_B"}:
             raise ValueError(f"LoRA adapter {path!r}: {module} lacks lora_A or lora_B")
         a, b = ab["lora_A"], ab["lora_B"]
-        r = a.shape[0]
-        if a.ndim != 2 or b.ndim != 2 or b.shape[1] != r:
+        r = a.shape[0] if a.ndim else 0
+        if a.ndim != 2 or b.ndim != 2 or b.shape[1] != r or r == 0:
             raise ValueError(f"LoRA adapter {path!r}: {module}: lora_A {a.shape} and lora_B "
-                             f"{b.shape} are not [r, in] and [out, r]")
+                             f"{b.shape} are not [r, in] and [out, r] with r > 0")
         if r > max_rank:
             raise ValueError(f"LoRA adapter {path!r}: rank {r} ({module}) exceeds "
                              f"max_lora_rank={max_rank}; raise max_lora_rank")

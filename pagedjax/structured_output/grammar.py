@@ -7,10 +7,14 @@ This module turns it into token masks:
 * :class:`GrammarCompiler` (one per engine) builds llguidance's tokenizer view
   once (lazily, ~0.5 s for a 49k vocabulary), checks a spec and compiles it
   into a template ``LLMatcher``. Compiled grammars are cached by (kind, spec,
-  options) in a bounded LRU, so a repeated schema costs a dictionary lookup.
-  Errors in the spec raise ``ValueError`` with llguidance's message. Thread
-  safe: ``AsyncLLM`` compiles in its worker pool before the request reaches the
-  engine thread, so the step loop only ever sees cache hits.
+  options; a digest) in a bounded LRU, so a repeated schema costs a dictionary
+  lookup; refused specs are remembered the same way. Errors in the spec raise
+  ``ValueError`` with llguidance's message. With :meth:`use_sandbox` (the
+  server always) a new spec is compiled first in a worker process
+  (``sandbox.py``), so a grammar that would crash or stall the compiler is
+  refused instead. Thread safe: ``AsyncLLM`` compiles in its worker pool before
+  the request reaches the engine thread, so the step loop only ever sees cache
+  hits.
 * :class:`GrammarState` (one per request) holds one matcher per sequence (n > 1
   children get their own), copied from the template. A matcher follows its
   sequence's output tokens (``sync``): new tokens are consumed, and if the
@@ -25,12 +29,16 @@ This module turns it into token masks:
 
 EOS is allowed only when the grammar accepts; once the grammar cannot take
 another token (``is_stopped``) the engine finishes the sequence with
-``finish_reason="stop"`` right away instead of spending a step on EOS.
+``finish_reason="stop"`` right away instead of spending a step on EOS. A
+matcher that fails while generating (a lexer over its limits) ends its
+sequence with ``finish_reason="error"`` and the matcher's message as
+``stop_reason``.
 """
 
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import threading
 import time
@@ -40,7 +48,21 @@ import numpy as np
 
 from pagedjax.sampling_params import StructuredOutputsParams
 
-CACHE_SIZE = 256  # compiled grammars kept (LRU)
+CACHE_SIZE = 256  # compiled grammars kept (LRU), and as many refused specs
+MAX_ERROR_CHARS = 300
+
+
+def parser_limits():
+    """llguidance's limits for every matcher (defaults, short error messages)."""
+    from llguidance import LLParserLimits
+
+    return LLParserLimits(verbose_errors=False)
+
+
+def short_error(message: str) -> str:
+    """The first line of a compiler message, cut to ``MAX_ERROR_CHARS``."""
+    line = (message or "").strip().splitlines()[0] if (message or "").strip() else ""
+    return line if len(line) <= MAX_ERROR_CHARS else line[:MAX_ERROR_CHARS] + "..."
 
 
 def _spec_key(spec: StructuredOutputsParams) -> tuple:
@@ -54,6 +76,10 @@ def _spec_key(spec: StructuredOutputsParams) -> tuple:
     else:
         v = getattr(spec, kind)
     return kind, v, spec.disable_any_whitespace
+
+
+def _digest(key: tuple) -> str:
+    return hashlib.sha256(json.dumps(key).encode()).hexdigest()
 
 
 def grammar_text(spec: StructuredOutputsParams) -> str:
@@ -106,12 +132,23 @@ class GrammarCompiler:
         self.vocab_size = int(vocab_size)  # the model's logits width
         self.eos_token_ids = [int(t) for t in eos_token_ids]
         self.cache_size = cache_size
-        self._cache: collections.OrderedDict[tuple, CompiledGrammar] = collections.OrderedDict()
+        self._cache: collections.OrderedDict[str, CompiledGrammar] = collections.OrderedDict()
+        self._refused: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self.sandbox = None  # sandbox.CompileSandbox: new specs compiled there first
         self._lock = threading.Lock()
         self._ll = None
         self._valid: Optional[np.ndarray] = None  # u32[W]: ids the tokenizer has
         self.hits = 0
         self.misses = 0
+
+    def use_sandbox(self, limits=None):
+        """Compile every new spec first in worker processes (``sandbox.py``)."""
+        from pagedjax.structured_output.sandbox import CompileSandbox, tokenizer_json
+
+        self.ll_tokenizer()
+        self.sandbox = CompileSandbox(tokenizer_json(self.tokenizer), self.vocab_size,
+                                      self.eos_token_ids, limits)
+        return self.sandbox
 
     @property
     def num_words(self) -> int:
@@ -146,34 +183,54 @@ class GrammarCompiler:
         if not isinstance(spec, StructuredOutputsParams):
             raise ValueError("structured_outputs must be a StructuredOutputsParams, got "
                              f"{type(spec).__name__}.")
-        key = _spec_key(spec)
+        key = _digest(_spec_key(spec))
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
                 self._cache.move_to_end(key)
                 self.hits += 1
                 return hit
-        compiled = self._compile(spec, key)
+            refused = self._refused.get(key)
+        if refused is not None:
+            raise ValueError(refused)
+        try:
+            compiled = self._compile(spec, key)
+        except ValueError as e:
+            self._remember(self._refused, key, str(e))
+            raise
         with self._lock:
             self.misses += 1
-            self._cache[key] = compiled
-            while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
+        self._remember(self._cache, key, compiled)
         return compiled
 
-    def _compile(self, spec: StructuredOutputsParams, key: tuple) -> CompiledGrammar:
+    def _remember(self, table: collections.OrderedDict, key: str, value) -> None:
+        with self._lock:
+            table[key] = value
+            while len(table) > self.cache_size:
+                table.popitem(last=False)
+
+    def _compile(self, spec: StructuredOutputsParams, key: str) -> CompiledGrammar:
         from llguidance import LLMatcher
 
         ll = self.ll_tokenizer()
         t0 = time.perf_counter()
+        if self.sandbox is not None:
+            kind, value, dws = _spec_key(spec)
+            try:
+                self.sandbox.check(kind, value, dws)
+            except ValueError as e:
+                raise ValueError(f"invalid {spec.kind} in structured_outputs: "
+                                 f"{short_error(str(e))}") from None
         text = grammar_text(spec)
-        is_error, msgs = LLMatcher.validate_grammar_with_warnings(text, ll)
+        is_error, msgs = LLMatcher.validate_grammar_with_warnings(text, ll,
+                                                                   limits=parser_limits())
         if is_error:
             raise ValueError(f"invalid {spec.kind} in structured_outputs: "
-                             f"{msgs[0] if msgs else 'rejected by the grammar compiler'}")
-        template = LLMatcher(ll, text, log_level=0)
+                             f"{short_error(msgs[0]) if msgs else 'rejected by the compiler'}")
+        template = LLMatcher(ll, text, log_level=0, limits=parser_limits())
         if template.is_error():
-            raise ValueError(f"invalid {spec.kind} in structured_outputs: {template.get_error()}")
+            raise ValueError(f"invalid {spec.kind} in structured_outputs: "
+                             f"{short_error(template.get_error())}")
         first = self.fill_mask(template.deep_copy())
         return CompiledGrammar(key, template, first, time.perf_counter() - t0)
 
@@ -197,6 +254,7 @@ class GrammarState:
         self.compiler = compiler
         self.compiled = compiled
         self._matchers: dict[str, list] = {}  # seq id -> [matcher, tokens consumed]
+        self._failures: dict[str, str] = {}  # seq id -> an exception's message
 
     @property
     def open_mask(self) -> np.ndarray:
@@ -227,7 +285,11 @@ class GrammarState:
     def advance(self, seq_id: str, output_ids: Sequence[int]) -> Optional[str]:
         """Consume the sequence's new tokens. Returns None while it may go on,
         'done' when the grammar is complete, 'error' if a token broke it."""
-        m = self.sync(seq_id, output_ids)
+        try:
+            m = self.sync(seq_id, output_ids)
+        except (ValueError, RuntimeError) as e:  # a token the matcher cannot take
+            self._failures[seq_id] = str(e)
+            return "error"
         if m.is_error():
             return "error"
         if m.is_stopped():
@@ -235,8 +297,12 @@ class GrammarState:
         return None
 
     def error(self, seq_id: str) -> str:
+        """The matcher's error, short (for ``stop_reason`` and the client)."""
+        if seq_id in self._failures:
+            return short_error(self._failures[seq_id])
         entry = self._matchers.get(seq_id)
-        return entry[0].get_error() if entry is not None else ""
+        return short_error(entry[0].get_error()) if entry is not None else ""
 
     def drop(self, seq_id: str) -> None:
         self._matchers.pop(seq_id, None)
+        self._failures.pop(seq_id, None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import pytest
 
@@ -22,13 +23,17 @@ def lora_server(tmp_path_factory, smollm2_gguf):
     root = tmp_path_factory.mktemp("lora_server")
     base = tiny_hf_model("llama", vocab=49152, seed=5)
     base.save_pretrained(root / "base")
-    for i in (1, 2, 3):
+    for i in (1, 2):
         make_adapter(base, str(root / f"a{i}"), seed=200 + i, r=4, alpha=8)
-    (root / "empty").mkdir()
+    allowed = root / "allowed"
+    allowed.mkdir()
+    for i in (1, 2, 3):
+        make_adapter(base, str(allowed / f"a{i}"), seed=200 + i, r=4, alpha=8)
+    (allowed / "empty").mkdir()
     srv = start_server([
         "--model", str(root / "base"), "--tokenizer", smollm2_gguf, "--max-model-len", "128",
         "--enable-lora", "--max-loras", "2", "--max-lora-rank", "8",
-        "--allow-runtime-lora-updating",
+        "--allow-runtime-lora-updating", "--allowed-lora-paths", str(allowed),
         "--lora-modules", f"a1={root / 'a1'}",
         json.dumps({"name": "a2", "path": str(root / "a2"), "base_model_name": "tiny"})])
     try:
@@ -72,6 +77,7 @@ def test_models_list_and_routing(lora_server):
 
 def test_runtime_load_and_unload(lora_server):
     srv, root = lora_server
+    root = root / "allowed"
     client = srv.client()
     st, body = srv.raw("POST", "/v1/load_lora_adapter",
                        {"lora_name": "a3", "lora_path": str(root / "a3")})
@@ -106,3 +112,56 @@ def test_runtime_updates_off_by_default(server):
     assert st == 404 and "--allow-runtime-lora-updating" in body["error"]["message"]
     with pytest.raises(openai.NotFoundError):
         server.client().completions.create(model="a", prompt="x", max_tokens=1)
+
+
+def _bad_copy(src, dst, config) -> str:
+    """A copy of adapter ``src`` whose adapter_config.json is ``config`` (raw JSON text)."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    (dst / "adapter_config.json").write_text(config)
+    return str(dst)
+
+
+def test_runtime_load_errors_are_4xx_json_and_do_not_reveal_paths(lora_server):
+    srv, root = lora_server
+    allowed = root / "allowed"
+    cfg = json.loads((allowed / "a1" / "adapter_config.json").read_text())
+    cases = {
+        "list": _bad_copy(allowed / "a1", allowed / "cfg_list", "[1, 2]"),
+        "rank0": _bad_copy(allowed / "a1", allowed / "cfg_rank0", json.dumps({**cfg, "r": 0})),
+        "notjson": _bad_copy(allowed / "a1", allowed / "cfg_text", "{not json"),
+    }
+    expect = {"list": "must be a JSON object", "rank0": "positive integer",
+              "notjson": "not readable JSON"}
+    for what, path in cases.items():
+        st, body = srv.raw("POST", "/v1/load_lora_adapter", {"lora_name": what, "lora_path": path})
+        assert st == 400, (what, st, body)
+        assert expect[what] in body["error"]["message"] and body["error"]["param"] == "lora_path"
+    # Outside the allow-list (a real adapter, a device file, the parent folder through
+    # a symbolic link) and missing paths: one answer, whatever exists.
+    (allowed / "escape").symlink_to(root / "a1")
+    answers = set()
+    for path in (root / "a1", "/dev/null", "/etc", allowed / "escape", allowed / "missing",
+                 "/no/such/folder", allowed / ".." / "a1"):
+        st, body = srv.raw("POST", "/v1/load_lora_adapter",
+                           {"lora_name": "p", "lora_path": str(path)})
+        message = re.sub(r"path .* does not exist", "path <p> does not exist",
+                         body["error"]["message"])
+        answers.add((st, message, body["error"]["param"], body["error"]["code"]))
+    assert len(answers) == 1 and next(iter(answers))[0] == 404, answers
+    # The keep-alive connection survives the errors: one connection, several requests.
+    import http.client
+
+    conn = http.client.HTTPConnection(srv.url.split("//")[1])
+    for path in (cases["list"], str(allowed / "a1")):
+        conn.request("POST", "/v1/load_lora_adapter",
+                     json.dumps({"lora_name": "ka", "lora_path": path}),
+                     {"Content-Type": "application/json",
+                      "Authorization": f"Bearer {srv.api_key}"})
+        r = conn.getresponse()
+        r.read()
+        assert r.status in (200, 400)
+    conn.close()
+    assert srv.raw("POST", "/v1/unload_lora_adapter", {"lora_name": "ka"})[0] == 200
+    assert srv.raw("GET", "/health", auth=False)[0] == 200

@@ -34,6 +34,9 @@ import uvicorn
 
 from pagedjax.entrypoints.openai.app import DEFAULT_MAX_BODY_BYTES, AppConfig, build_app
 from pagedjax.entrypoints.openai.gate import GateConfig, ServerState, is_loopback
+from pagedjax.entrypoints.openai.lora_routes import allowed_folders
+from pagedjax.entrypoints.openai.server_limits import add_reliability_args, sandbox_from_args
+from pagedjax.entrypoints.openai.slow_clients import protocol_class
 from pagedjax.entrypoints.openai.tool_parsers import TOOL_PARSERS
 
 logger = logging.getLogger("pagedjax.server")
@@ -136,12 +139,16 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-runtime-lora-updating", action="store_true",
                    help="answer POST /v1/load_lora_adapter and /v1/unload_lora_adapter (needs "
                         "--enable-lora; also VLLM_ALLOW_RUNTIME_LORA_UPDATING=true)")
+    p.add_argument("--allowed-lora-paths", nargs="+", default=None, metavar="DIR",
+                   help="folders /v1/load_lora_adapter may load adapters from (default: none, "
+                        "every runtime load is refused)")
     p.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="answer tool_choice 'auto' (the default when tools are sent) by parsing "
                         "calls out of the model's text; needs --tool-call-parser")
     p.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_PARSERS),
                    help="how the model writes tool calls: hermes (<tool_call>{...}</tool_call>, "
                         "Qwen2.5) or llama3_json ({\"name\": .., \"parameters\": ..})")
+    add_reliability_args(p)
     EngineArgs.add_cli_args(p)
     multihost.add_cli_args(p)
 
@@ -172,6 +179,7 @@ def run_server(ns: argparse.Namespace) -> int:
     logging.basicConfig(level=getattr(logging, ns.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = LLMEngine(EngineArgs.from_cli_args(ns, model=ns.model))
+    sandbox_from_args(ns, engine)
     if ns.warmup:
         engine.runner.warmup(progress=True)
     names = ns.served_model_name or [ns.model or engine.model_name]
@@ -180,6 +188,7 @@ def run_server(ns: argparse.Namespace) -> int:
     metrics.update_engine(engine, 0)
     config = _app_config(ns, names, metrics)
     config.lora_registry, config.allow_lora_updates = lora_setup(ns, engine, names)
+    config.lora_allowed_paths = allowed_folders(ns.allowed_lora_paths)
     state = ServerState()
     app = build_app(llm, config, state)
     server: _Server
@@ -187,8 +196,10 @@ def run_server(ns: argparse.Namespace) -> int:
     def on_signal(sig) -> None:
         asyncio.ensure_future(drain(server, llm, state, ns.shutdown_timeout))
 
-    server = _Server(uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.log_level,
-                                    timeout_graceful_shutdown=5, lifespan="off"), on_signal)
+    server = _Server(uvicorn.Config(
+        app, host=ns.host, port=ns.port, log_level=ns.log_level, timeout_graceful_shutdown=5,
+        lifespan="off", http=protocol_class(ns.timeout_headers, ns.timeout_body, ns.stream_stall_timeout),
+        timeout_keep_alive=ns.timeout_keep_alive), on_signal)
     llm.add_dead_callback(_on_engine_death(server, llm, state))
     logger.info("serving %s on http://%s:%d (api key %s)", names[0], ns.host, ns.port,
                 "required" if config.gate.api_key else "off")
@@ -196,6 +207,8 @@ def run_server(ns: argparse.Namespace) -> int:
         server.run()
     finally:
         llm.shutdown()
+        if engine.grammars.sandbox is not None:
+            engine.grammars.sandbox.close()
     held = engine.pool_stats().used
     logger.warning("stopped: %d KV page(s) held, exit status %d", held, state.exit_code)
     return state.exit_code or (1 if held else 0)

@@ -14,6 +14,7 @@ from typing import Optional
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.requests import ClientDisconnect
 
 from pagedjax.engine.async_llm import AsyncLLM, EngineDeadError, EngineStepError
 from pagedjax.entrypoints.openai import request_body as rb
@@ -52,6 +53,7 @@ class AppConfig:
     metrics: object = None
     lora_registry: object = None  # lora_routes.LoRARegistry (adapters served as models)
     allow_lora_updates: bool = False  # /v1/load_lora_adapter and /v1/unload_lora_adapter
+    lora_allowed_paths: tuple = ()  # resolved folders runtime loading may read from
     tool_call_parser: Optional[str] = None  # tool_choice "auto" answered with this parser
 
 
@@ -76,7 +78,8 @@ def build_app(llm: AsyncLLM, config: AppConfig, state: Optional[ServerState] = N
     loras = config.lora_registry or LoRARegistry(config.served_model_names[0],
                                                  tuple(config.served_model_names))
     serving.loras = loras
-    add_lora_routes(app, llm, loras, config.allow_lora_updates and engine.lora is not None)
+    add_lora_routes(app, llm, loras, config.allow_lora_updates and engine.lora is not None,
+                    config.lora_allowed_paths)
 
     def error(e: OpenAIError) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.status)
@@ -93,7 +96,7 @@ def build_app(llm: AsyncLLM, config: AppConfig, state: Optional[ServerState] = N
             result = await method(req, request)
         except OpenAIError as e:
             return error(e)
-        except ClientDisconnected:
+        except (ClientDisconnected, ClientDisconnect):  # gone, or its body timed out
             return Response(status_code=499)
         except (EngineDeadError, EngineStepError) as e:
             return error(engine_error(e))

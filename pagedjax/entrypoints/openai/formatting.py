@@ -13,6 +13,25 @@ def sse(obj: Any) -> str:
 SSE_DONE = "data: [DONE]\n\n"
 
 
+def openai_finish(o) -> tuple[Any, Any]:
+    """(finish_reason, stop_reason) of an engine output as OpenAI names them: an output
+    that failed while generating ('error', e.g. its grammar's matcher) ends with 'stop'
+    and the caller reports ``generation_error(o)`` next to it."""
+    if o.finish_reason == "error":
+        return "stop", None
+    return o.finish_reason, o.stop_reason
+
+
+def generation_error(o):
+    """The OpenAIError of an output that failed while generating, else None."""
+    from pagedjax.entrypoints.openai.errors import OpenAIError
+
+    if o.finish_reason != "error":
+        return None
+    return OpenAIError(str(o.stop_reason or "generation failed"), 500, type="server_error",
+                       code="generation_failed")
+
+
 def usage(prompt_lens: list[int], num_completion_tokens: int) -> dict:
     p = sum(prompt_lens)
     return {"prompt_tokens": p, "completion_tokens": num_completion_tokens,

@@ -12,12 +12,19 @@ field, and vLLM's runtime load/unload endpoints.
   ``--allow-runtime-lora-updating`` (or vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING=true),
   404 otherwise. An unloaded adapter is no longer served; requests already
   running with it finish.
+* Runtime loading reads only adapter folders inside the folders given by
+  ``--allowed-lora-paths`` (none by default: every load is refused). A path
+  outside them (symbolic links resolved) and a path that does not exist get
+  the same 404, so the endpoint does not reveal what exists on the server.
+  Every other failure (a config that is not a JSON object, rank 0, missing
+  weights, ...) is a 400 naming the problem; never a 500.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import threading
 from typing import Optional
@@ -29,6 +36,8 @@ from pagedjax.entrypoints.openai import request_body as rb
 from pagedjax.entrypoints.openai import responses as R
 from pagedjax.entrypoints.openai.errors import OpenAIError, short
 from pagedjax.lora.request import LoRARequest
+
+logger = logging.getLogger("pagedjax.server")
 
 MAX_BODY_BYTES = 65536
 _ERRORS = R.error_responses(400, 401, 403, 404, 413, 415, 503)
@@ -64,6 +73,24 @@ def parse_lora_modules(values: Optional[list[str]]) -> list[dict]:
         else:
             raise ValueError(f"--lora-modules: {v[:80]!r} is not name=path or JSON")
     return out
+
+
+def allowed_folders(values: Optional[list[str]]) -> tuple[str, ...]:
+    """``--allowed-lora-paths`` as resolved folder paths (ValueError if one is not a folder)."""
+    out = []
+    for v in values or ():
+        real = os.path.realpath(os.path.expanduser(v))
+        if not os.path.isdir(real):
+            raise ValueError(f"--allowed-lora-paths: {v!r} is not a folder")
+        out.append(real)
+    return tuple(out)
+
+
+def is_loadable(path: str, folders: tuple[str, ...]) -> bool:
+    """``path`` (resolved) is an existing folder inside one of ``folders``."""
+    real = os.path.realpath(path)
+    inside = any(os.path.commonpath([real, f]) == f for f in folders)
+    return inside and os.path.isdir(real)
 
 
 def runtime_updates_allowed(flag: bool) -> bool:
@@ -124,8 +151,27 @@ def _name(body: dict, key: str) -> str:
     return v
 
 
-def add_lora_routes(app: FastAPI, llm, registry: LoRARegistry, allow_updates: bool) -> None:
-    """vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter."""
+def _not_loadable(path: str) -> OpenAIError:
+    return OpenAIError(f"LoRA adapter path {short(path)} does not exist or is not inside a "
+                       "folder the server loads adapters from (--allowed-lora-paths)", 404,
+                       param="lora_path", code="not_found")
+
+
+async def _check(llm, req: LoRARequest) -> None:
+    try:
+        await llm.check_lora(req)
+    except ValueError as e:
+        raise OpenAIError(str(e), 400, param="lora_path") from e
+    except Exception as e:  # noqa: BLE001 - a file the reader did not expect: still a 400
+        logger.warning("LoRA adapter %s could not be read", req.lora_path, exc_info=True)
+        raise OpenAIError(f"the LoRA adapter could not be read ({type(e).__name__}); give a "
+                          "PEFT adapter folder", 400, param="lora_path") from e
+
+
+def add_lora_routes(app: FastAPI, llm, registry: LoRARegistry, allow_updates: bool,
+                    allowed: tuple[str, ...] = ()) -> None:
+    """vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter (loads only from
+    the resolved folders ``allowed``)."""
 
     def error(e: OpenAIError) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.status)
@@ -146,15 +192,18 @@ def add_lora_routes(app: FastAPI, llm, registry: LoRARegistry, allow_updates: bo
             if registry.get(name) is not None or name in registry.reserved:
                 raise OpenAIError(f"The lora adapter {short(name)} has already been loaded.",
                                   400, param="lora_name")
-            req = registry.make(name, path, body.get("base_model_name"))
-            if not os.path.exists(req.lora_path):
-                raise OpenAIError(f"LoRA adapter path {short(path)} does not exist", 404,
-                                  param="lora_path", code="not_found")
+            base = body.get("base_model_name")
+            if base is not None and not isinstance(base, str):
+                raise OpenAIError("base_model_name must be a string", 400,
+                                  param="base_model_name")
+            req = registry.make(name, path, base)
+            if not is_loadable(req.lora_path, allowed):
+                raise _not_loadable(path)
+            await _check(llm, req)
             try:
-                await llm.check_lora(req)
                 registry.add(req)
             except ValueError as e:
-                raise OpenAIError(str(e), 400, param="lora_path") from e
+                raise OpenAIError(str(e), 400, param="lora_name") from e
         except OpenAIError as e:
             return error(e)
         return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")

@@ -110,22 +110,64 @@ def validate(model_cls: type[BaseModel], body: dict) -> BaseModel:
     try:
         return model_cls.model_validate(body, strict=True)
     except ValidationError as e:
-        msg, field = pydantic_message(e)
+        msg, field = pydantic_message(e, body)
         raise OpenAIError(msg, 400, param=field) from None
 
 
-def pydantic_message(err: ValidationError) -> tuple[str, Optional[str]]:
-    """The first error, with its field path and a short quote of the value."""
+_BRANCH_PREFIXES = ("constrained-", "list[", "dict[", "function-", "json-or-python[",
+                    "lax-or-strict[", "nullable[", "tagged-union[")
+_SCALAR_TAGS = {"str", "int", "float", "bool", "list", "dict"}
+
+
+def _is_branch(x) -> bool:
+    """A union member's type name that pydantic puts into ``loc`` ('constrained-str')."""
+    return isinstance(x, str) and (x in _SCALAR_TAGS or x.startswith(_BRANCH_PREFIXES))
+
+
+def _fits(branch: str, value) -> bool:
+    """The union member ``branch`` is the one meant for ``value`` (list[int] for [-1])."""
+    if isinstance(value, list):
+        if not branch.startswith("list["):
+            return False
+        return not value or _fits(branch[5:-1], value[0])
+    if isinstance(value, bool):
+        return branch.startswith(("bool", "constrained-bool"))
+    for kind, name in ((dict, "dict"), (str, "str"), (int, "int"), (float, "float")):
+        if isinstance(value, kind):
+            return branch.startswith((name, f"constrained-{name}")) or (
+                kind is dict and not _is_branch(branch))
+    return False
+
+
+def _pick(errs: list, body: Optional[dict]) -> tuple[dict, int]:
+    """The error to report (for a union field: from the member meant for the value's
+    type) and how many errors other fields have."""
+    first = errs[0]
+    field = first["loc"][0] if first.get("loc") else None
+    same = [e for e in errs if e.get("loc") and e["loc"][0] == field]
+    others = len(errs) - len(same)
+    value = body.get(field) if isinstance(body, dict) and isinstance(field, str) else None
+    for e in same:
+        loc = e["loc"]
+        if len(loc) > 1 and _is_branch(loc[1]) and _fits(loc[1], value):
+            return e, others
+    return first, others + (0 if any(len(e["loc"]) > 1 and _is_branch(e["loc"][1])
+                                      for e in same) else len(same) - 1)
+
+
+def pydantic_message(err: ValidationError, body: Optional[dict] = None
+                     ) -> tuple[str, Optional[str]]:
+    """One error, with its field path (without pydantic's union member names) and a
+    short quote of the value."""
     errs = err.errors(include_url=False)
     if not errs:
         return "the request body is invalid.", None
-    e = errs[0]
-    loc = [x for x in e.get("loc", ())]
-    # Union members add their type names to loc ('prompt', 'str'); keep the field path.
+    e, more = _pick(errs, body)
+    loc = [x for x in e.get("loc", ()) if not _is_branch(x)]
     field = str(loc[0]) if loc else None
-    msg = f"{'.'.join(str(x) for x in loc)}: {e.get('msg')}"
+    msg = f"{'.'.join(str(x) for x in loc) or 'body'}: {e.get('msg')}"
     if "input" in e and not isinstance(e["input"], (dict, list)):
         msg += f" (got {short(e['input'])})"
-    if len(errs) > 1:
-        msg += f" (and {len(errs) - 1} more error(s))"
+    if more:
+        msg += f" (and {more} more error(s))"
     return msg, field

@@ -27,6 +27,17 @@ from pagedjax.sampling_params import RequestOutputKind, SamplingParams
 MAX_CHOICES = 256
 
 
+def logit_bias_ids(bias: dict) -> dict:
+    """OpenAI's ``logit_bias`` ({"<token id>": bias}) with integer keys (400 otherwise)."""
+    out = {}
+    for k, v in bias.items():
+        if not (k.isascii() and k.isdigit()):
+            raise OpenAIError(f"logit_bias keys must be token ids written as decimal integers "
+                              f"(e.g. \"50256\"), got {short(k)}.", 400, param="logit_bias")
+        out[int(k)] = float(v)
+    return out
+
+
 class OpenAIServing:
     def __init__(self, llm: AsyncLLM, served_model_names: list[str], max_logprobs: int = 20,
                  template_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
@@ -120,7 +131,7 @@ class OpenAIServing:
             structured_outputs=structured or structured_outputs_of(req)[0])
         try:
             if req.logit_bias is not None:
-                kw["logit_bias"] = {int(k): float(v) for k, v in req.logit_bias.items()}
+                kw["logit_bias"] = logit_bias_ids(req.logit_bias)
             sp = SamplingParams(**kw)
             sp.verify_vocab(self.vocab_size)
         except ValueError as e:
@@ -181,6 +192,8 @@ class OpenAIServing:
             prompt_text = out.prompt if out.prompt is not None else \
                 self.tokenizer.decode(out.prompt_token_ids)
             for o in out.outputs:
+                if (err := fmt.generation_error(o)) is not None:
+                    raise err
                 n_out += len(o.token_ids)
                 text = (prompt_text + o.text) if req.echo else o.text
                 logprobs = None
@@ -190,8 +203,9 @@ class OpenAIServing:
                         plps = out.prompt_logprobs or [None] * len(out.prompt_token_ids)
                         ids, lps = list(out.prompt_token_ids) + list(ids), list(plps) + list(lps)
                     logprobs = fmt.legacy_logprobs(ids, lps, 0, req.logprobs, self._decode)
+                finish, stop_reason = fmt.openai_finish(o)
                 choices.append({"index": i * req.n + o.index, "text": text, "logprobs": logprobs,
-                                "finish_reason": o.finish_reason, "stop_reason": o.stop_reason})
+                                "finish_reason": finish, "stop_reason": stop_reason})
         u = fmt.usage([len(t["prompt_token_ids"]) for t in toks], n_out)
         return {**meta, "object": "text_completion", "choices": choices, "usage": u}
 
@@ -222,12 +236,15 @@ class OpenAIServing:
                                                            self._decode)
                         sent_chars[idx] = sent_chars.get(idx, 0) + len(o.text)
                         n_tokens[idx] = n_tokens.get(idx, 0) + len(o.token_ids)
+                        finish, stop_reason = fmt.openai_finish(o)
                         chunk = {**base, "choices": [
                             {"index": idx, "text": o.text, "logprobs": logprobs,
-                             "finish_reason": o.finish_reason, "stop_reason": o.stop_reason}]}
+                             "finish_reason": finish, "stop_reason": stop_reason}]}
                         if continuous:
                             chunk["usage"] = fmt.usage([plens[i]], n_tokens[idx])
                         yield fmt.sse(chunk)
+                        if (err := fmt.generation_error(o)) is not None:
+                            raise err
             except OpenAIError as e:
                 yield fmt.sse(e.body())
             else:
@@ -311,6 +328,8 @@ class OpenAIServing:
                               type="server_error")
         choices = []
         for o in final.outputs:
+            if (err := fmt.generation_error(o)) is not None:
+                raise err
             lp = (fmt.chat_logprobs(o.token_ids, o.logprobs or [], k, self._decode)
                   if k is not None else None)
             tools = ChoiceTools(plan, self.tool_call_parser)
@@ -352,16 +371,19 @@ class OpenAIServing:
                               if k is not None else None)
                         t = tools[o.index]
                         delta = t.delta(o.text, final=o.finish_reason is not None)
-                        finish = t.finish_reason(o.finish_reason)
+                        reason, stop_reason = fmt.openai_finish(o)
+                        finish = t.finish_reason(reason)
                         if t.active and not delta and finish is None and lp is None \
                                 and not continuous:
                             continue  # text held back by the tool parser
                         chunk = {**base, "choices": [{"index": o.index, "delta": delta,
                                                       "logprobs": lp, "finish_reason": finish,
-                                                      "stop_reason": o.stop_reason}]}
+                                                      "stop_reason": stop_reason}]}
                         if continuous:
                             chunk["usage"] = fmt.usage([plen], n_tokens[o.index])
                         yield fmt.sse(chunk)
+                        if (err := fmt.generation_error(o)) is not None:
+                            raise err
             except OpenAIError as e:
                 yield fmt.sse(e.body())
             else:

@@ -14,7 +14,12 @@ Accepted, like vLLM:
 
 At most one of them per request. The spec is compiled (cached) in AsyncLLM's
 worker pool before the request is queued, so a bad schema, regex or grammar
-is a 400 naming the field that carried it, never a 500 or a hang.
+is a 400 naming the field that carried it, never a 500 or a hang. The server
+compiles a new spec first in a compile worker process
+(``structured_output/sandbox.py``): a spec that crashes the compiler, runs
+over its time or memory budget or builds a lexer that fails on the first
+tokens is a 400 too, and the server goes on serving; when every worker stays
+busy for the time budget the answer is 503.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pagedjax.entrypoints.openai.errors import OpenAIError
 from pagedjax.sampling_params import SamplingParams, StructuredOutputsParams
+from pagedjax.structured_output.sandbox import SandboxBusy
 
 MAX_SPEC_CHARS = 2**20  # a regex or grammar
 MAX_CHOICES = 256
@@ -133,3 +139,5 @@ async def check_structured_outputs(llm, params: SamplingParams, field: Optional[
         await llm.run_in_worker(llm.engine.compile_grammar, params)
     except ValueError as e:
         raise OpenAIError(str(e), 400, param=field or "structured_outputs") from e
+    except SandboxBusy as e:
+        raise OpenAIError(str(e), 503, type="server_error", code="service_unavailable") from e
