@@ -10,19 +10,16 @@ import gc
 
 import jax
 
-from pagedjax.config import EngineArgs, EngineConfig, default_cache_dir
+from pagedjax.config import EngineArgs, EngineConfig
 from pagedjax.worker.runner import default_num_pages
 
 
-def enable_compilation_cache(path: str | None) -> None:
-    """Persist compiled XLA programs so the next start-up skips most compiles."""
-    try:
-        cache = path or f"{default_cache_dir()}/xla"
-        jax.config.update("jax_compilation_cache_dir", cache)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    except Exception:  # noqa: BLE001 - an old jax without these flags: run uncached
-        pass
+def enable_compilation_cache(path: str | None) -> str | None:
+    """Persist every compiled XLA program so that the next start compiles none
+    (``compile_cache.py`` says where and under which keys); the folder used."""
+    from pagedjax.engine import compile_cache
+
+    return compile_cache.enable(path)
 
 
 def freeze_startup_heap() -> None:

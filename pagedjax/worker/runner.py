@@ -85,12 +85,18 @@ class ModelLaunched:
 
 
 class CompileCounter:
-    """Counts XLA backend compilations (``count``) and programs read back from the
-    persistent compilation cache instead (``cache_hits``), process-wide."""
+    """Counts programs obtained from XLA (``count``: compiled or read back from the
+    persistent compilation cache), those read back (``cache_hits``) and so those
+    actually compiled (:meth:`compiled`), process-wide."""
 
     _installed = False
     count = 0
     cache_hits = 0
+
+    @classmethod
+    def compiled(cls) -> int:
+        """Programs compiled by XLA (not read back from the disk cache) so far."""
+        return cls.count - cls.cache_hits
 
     @classmethod
     def install(cls) -> None:
