@@ -17,9 +17,11 @@ step that needs it, which compiles it through its own call and raises there.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
+import weakref
 from typing import Callable, Hashable
 
 logger = logging.getLogger("pagedjax.worker.compile_pool")
@@ -50,6 +52,8 @@ class CompilePool:
                                           daemon=True) for i in range(workers)]
         for t in self.threads:
             t.start()
+        # At exit, stop before the interpreter (and JAX's backends) go away.
+        atexit.register(_close_at_exit, weakref.ref(self))
 
     # ------------------------------------------------------------------ steps
     def need(self, key: Hashable) -> None:
@@ -80,6 +84,14 @@ class CompilePool:
             last = dropped and not self._running and self.completed == self.total
         if last:
             self._finish()
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Cancel the jobs not started and wait (up to ``timeout`` s) for the running ones."""
+        self.cancel()
+        deadline = time.monotonic() + timeout
+        for t in self.threads:
+            if t is not threading.current_thread():
+                t.join(max(0.0, deadline - time.monotonic()))
 
     # ------------------------------------------------------------------ workers
     def _work(self) -> None:
@@ -118,3 +130,9 @@ class CompilePool:
         self.done.set()
         if self._on_done is not None:
             self._on_done(self)
+
+
+def _close_at_exit(ref: "weakref.ref[CompilePool]") -> None:
+    pool = ref()
+    if pool is not None:
+        pool.close()
