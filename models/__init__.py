@@ -230,9 +230,13 @@ def open_checkpoint(resolved: ResolvedModel):
     return loader.open_hf_folder(resolved.path, resolved.hf_config)
 
 
-def prepare(resolved: ResolvedModel, dtype="auto", quantization: str | None = None):
-    """-> (model, host state): the model with its quantized weights chosen, and
-    its state as host numpy arrays (memory-mapped where the format allows)."""
+def prepare(resolved: ResolvedModel, dtype="auto", quantization: str | None = None, *,
+            placer=None):
+    """-> (model, state): the model with its quantized weights chosen, and its state.
+    ``placer(model) -> place(name, array)``: each parameter, cast to its dtype, is
+    passed through ``place`` as soon as it is read (``weights.placed_state``);
+    without it the state is host numpy, memory-mapped where the format and dtype
+    allow."""
     from pagedjax.models import weights
 
     m = build_model(resolved, dtype)
@@ -240,8 +244,8 @@ def prepare(resolved: ResolvedModel, dtype="auto", quantization: str | None = No
     kinds = weights.choose_quantization(m, ckpt, quantization)
     if kinds:
         m = m.with_quantization(kinds)
-    host = weights.host_state(m, ckpt.get, getattr(ckpt, "get_raw", None))
-    return m, weights.cast_like(host, m)
+    place = placer(m) if placer is not None else None
+    return m, weights.placed_state(m, ckpt.get, getattr(ckpt, "get_raw", None), place)
 
 
 def load_model(model: str | None = None, dtype="auto", *, resolved: ResolvedModel | None = None,
@@ -251,8 +255,12 @@ def load_model(model: str | None = None, dtype="auto", *, resolved: ResolvedMode
 
     quantization: None (floats; GGUF blocks dequantized at load), "int8"
     (per-channel weight-only), "gguf" (keep a GGUF file's Q8_0/Q4_0/Q4_1/Q4_K/Q6_K blocks).
+
+    Each tensor goes to the device as soon as it is read (``jax.device_put``: a
+    copy, no compiled program), so the host never holds a float copy of the
+    whole model; memory-mapped tensors in the model's dtype go from the file's
+    pages to the device without a host copy.
     """
     resolved = resolved or resolve_model(model)
-    m, host = prepare(resolved, dtype, quantization)
-    params = jax.tree_util.tree_map(jnp.asarray, host)
-    return m, params
+    return prepare(resolved, dtype, quantization,
+                   placer=lambda _m: lambda _name, arr: jax.device_put(arr))

@@ -57,42 +57,68 @@ def choose_quantization(model: CausalLM, ckpt, quantization: str | None) -> dict
     return kinds
 
 
-def host_state(model: CausalLM, get, get_raw=None) -> dict:
-    """The state of ``model`` as a nested dict of host numpy arrays.
+def iter_state(model: CausalLM, get, get_raw=None):
+    """(parameter name, host numpy array) of each parameter of ``model``, one at a
+    time and checked against its declared shape: a caller that places each on
+    the device before asking for the next never holds the whole model on the host.
 
     get(hf_name) -> float numpy; get_raw(hf_name) -> (kind, components in the
-    row layout) for weights ``model.quantized`` keeps in a GGUF format.
+    row layout) for weights ``model.quantized`` keeps in a GGUF format (they stay
+    packed: no float copy is made).
     """
     wmap = model.weight_map()
     shapes = model.param_shapes()
-    flat: dict[str, np.ndarray] = {}
+    seen: set[str] = set()
     for key, spec in wmap.items():
         path = tuple(int(p) if p.isdigit() else p for p in key.split("."))
         kind = model.quantized.get(path)
         if kind is None:
-            flat[key] = spec.build([get(n) for n in spec.names])
-            continue
-        qw = _node(model, path)
-        if kind == "int8":
-            comps = Q.quantize_int8(spec.build([get(n) for n in spec.names]), qw.axis)
+            comps = {"": spec.build([get(n) for n in spec.names])}
+        elif kind == "int8":
+            comps = Q.quantize_int8(spec.build([get(n) for n in spec.names]),
+                                    _node(model, path).axis)
         else:
             raws = [get_raw(n) for n in spec.names]
             comps = {c: spec.build([r[1][c] for r in raws]) for c in Q.FORMATS[kind]}
         for c, arr in comps.items():
-            flat[f"{key}.{c}"] = arr
-    for key, arr in flat.items():
-        if key not in shapes:
-            raise ValueError(f"{model.architecture}.weight_map: {key!r} is not a parameter "
-                             f"(parameters: {', '.join(sorted(shapes)[:6])}, ...)")
-        if tuple(arr.shape) != tuple(shapes[key].shape):
-            raise ValueError(f"{model.architecture}: checkpoint tensor for {key} has shape "
-                             f"{tuple(arr.shape)}, the model declares {tuple(shapes[key].shape)}")
-    missing = sorted(set(shapes) - set(flat))
+            name = f"{key}.{c}" if c else key
+            _check(model, shapes, name, arr)
+            seen.add(name)
+            yield name, arr
+    missing = sorted(set(shapes) - seen)
     if missing:
         raise ValueError(f"{model.architecture}.weight_map: no checkpoint tensor for "
                          f"{', '.join(missing[:8])}")
-    nested = {tuple(int(p) if p.isdigit() else p for p in k.split(".")): v
-              for k, v in flat.items()}
+
+
+def _check(model: CausalLM, shapes: dict, key: str, arr) -> None:
+    if key not in shapes:
+        raise ValueError(f"{model.architecture}.weight_map: {key!r} is not a parameter "
+                         f"(parameters: {', '.join(sorted(shapes)[:6])}, ...)")
+    if tuple(arr.shape) != tuple(shapes[key].shape):
+        raise ValueError(f"{model.architecture}: checkpoint tensor for {key} has shape "
+                         f"{tuple(arr.shape)}, the model declares {tuple(shapes[key].shape)}")
+
+
+def placed_state(model: CausalLM, get, get_raw=None, place=None) -> dict:
+    """The state of ``model`` as a nested dict, each parameter cast to its declared
+    dtype and passed through ``place(name, array)`` as soon as it is read (e.g. onto
+    the device; default: kept as host numpy). Memory-mapped tensors already in
+    their dtype are not copied on the host."""
+    shapes = model.param_shapes()
+    nested = {}
+    for key, arr in iter_state(model, get, get_raw):
+        arr = np.asarray(arr, dtype=shapes[key].dtype)
+        nested[tuple(int(p) if p.isdigit() else p for p in key.split("."))] = (
+            arr if place is None else place(key, arr))
+    return nnx.traversals.unflatten_mapping(nested)
+
+
+def host_state(model: CausalLM, get, get_raw=None) -> dict:
+    """The state of ``model`` as a nested dict of host numpy arrays, as read
+    (dtypes of the checkpoint; :func:`cast_like` casts them)."""
+    nested = {tuple(int(p) if p.isdigit() else p for p in key.split(".")): arr
+              for key, arr in iter_state(model, get, get_raw)}
     return nnx.traversals.unflatten_mapping(nested)
 
 

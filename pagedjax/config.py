@@ -72,6 +72,13 @@ class EngineArgs:
                                     "slower CPU steps)")
     compilation_cache_dir: str | None = _opt(None, "persistent XLA cache folder (default "
                                                    "~/.cache/pagedjax/xla)")
+    compile_all_at_start: bool = _opt(False, "compile every program a step can run before the "
+                                             "engine takes requests (pay the whole warm-up up "
+                                             "front; no compilation inside any step)")
+    background_compile: bool = _opt(False, "compile every program a step can run on background "
+                                           "threads while requests are served: a step waits "
+                                           "only for a program it needs that is not built yet "
+                                           "(`pagedjax serve` turns it on)")
     async_scheduling: bool = _opt(True, "overlap each step's host work with the previous "
                                         "device step (same outputs; off for debugging)")
     enable_lora: bool = _opt(False, "serve LoRA adapters (PEFT folders) on top of the model, "
@@ -105,6 +112,9 @@ class EngineArgs:
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if not self.cpu_kv_cache_gib > 0:
             raise ValueError(f"cpu_kv_cache_gib must be > 0, got {self.cpu_kv_cache_gib}")
+        for name in ("compile_all_at_start", "background_compile"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         from pagedjax.spec_decode.config import parse_speculative_config
 
         parse_speculative_config(self.speculative_config)  # raises ValueError naming the key

@@ -157,13 +157,14 @@ def shard_params(tree, model, mesh: Mesh, expert_parallel: bool = False):
     Arrays keep the dtypes the host state has (pagedjax.models.weights.cast_like).
     """
     specs = param_specs(model, mesh.devices.size, expert_parallel)
+    return jax.tree_util.tree_map(lambda arr, spec: place_shards(arr, mesh, spec), tree, specs)
 
-    def put(arr, spec):
-        return jax.make_array_from_callback(
-            tuple(arr.shape), NamedSharding(mesh, spec),
-            lambda idx: np.ascontiguousarray(np.asarray(arr[idx])))
 
-    return jax.tree_util.tree_map(put, tree, specs)
+def place_shards(arr, mesh: Mesh, spec: P) -> jax.Array:
+    """One host array -> a jax array laid out by ``spec``, each device given its slice."""
+    return jax.make_array_from_callback(
+        tuple(arr.shape), NamedSharding(mesh, spec),
+        lambda idx: np.ascontiguousarray(np.asarray(arr[idx])))
 
 
 def load_sharded(model: str | None, dtype="auto", tp: int = 1, devices=None,
@@ -178,9 +179,15 @@ def load_sharded(model: str | None, dtype="auto", tp: int = 1, devices=None,
     if expert_parallel:
         check_expert_parallel(abstract, tp)
     mesh = make_mesh(tp, devices)
-    m, host = models.prepare(resolved, dtype, quantization)  # host numpy, memory-mapped
-    params = shard_params(host, m, mesh, expert_parallel)
-    del host
+
+    def placer(m):  # each tensor is read and placed in its shards before the next
+        from flax import nnx
+
+        flat = nnx.traversals.flatten_mapping(param_specs(m, mesh.devices.size, expert_parallel))
+        specs = {".".join(map(str, p)): s for p, s in flat.items()}
+        return lambda name, arr: place_shards(arr, mesh, specs[name])
+
+    m, params = models.prepare(resolved, dtype, quantization, placer=placer)
     return m, params, mesh
 
 

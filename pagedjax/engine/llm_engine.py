@@ -32,7 +32,9 @@ from pagedjax.worker.runner import Runner, make_plan
 from pagedjax.sampling_params import SamplingParams
 from pagedjax.core.scheduler import Scheduler
 from pagedjax.engine.startup import (
+    compile_programs,
     enable_compilation_cache,
+    phase_logger,
     freeze_startup_heap,
     resolve_config,
     start_cpu_builds,
@@ -50,6 +52,7 @@ class LLMEngine:
         import pagedjax.models as models
         from pagedjax.engine import tokenizer as tok_mod
 
+        started = time.perf_counter()
         args.validate()
         self.args = args
         enable_compilation_cache(args.compilation_cache_dir)
@@ -85,9 +88,6 @@ class LLMEngine:
         self.info = info
         # Bytes of the weights as they sit on the device(s) (quantized stays quantized).
         self.weight_bytes = models.model_weight_bytes(self.params)
-        logger.info("%s: %d layers, weights %.1f MiB on device (quantization=%s)",
-                    info.architecture, info.num_layers, self.weight_bytes / 2**20,
-                    args.quantization)
         tok_src = args.tokenizer or self.resolved.tokenizer_source
         tok_kwargs = {} if args.tokenizer else dict(self.resolved.tokenizer_kwargs)
         self.tokenizer = tok_mod.load_tokenizer(tok_src, **tok_kwargs)
@@ -135,6 +135,11 @@ class LLMEngine:
         self._rng = np.random.default_rng(args.seed)
         self._counter = itertools.count()
         self.num_prompt_tokens = 0
+        phase_logger().info(
+            "load: %.1f s (%s, %d layers, weights %.1f MiB on device, quantization=%s, "
+            "KV pool %d pages)", time.perf_counter() - started, info.architecture,
+            info.num_layers, self.weight_bytes / 2**20, args.quantization, cfg.num_pages)
+        compile_programs(self.runner, args, started)
         freeze_startup_heap()
 
     @property

@@ -7,22 +7,66 @@ start-up left moved out of the garbage collector's sight.
 from __future__ import annotations
 
 import gc
+import logging
+import sys
+import time
 
 import jax
 
-from pagedjax.config import EngineArgs, EngineConfig, default_cache_dir
-from pagedjax.worker.runner import default_num_pages
+from pagedjax.config import EngineArgs, EngineConfig
+from pagedjax.worker.runner import CompileCounter, default_num_pages
+
+logger = logging.getLogger("pagedjax.startup")
 
 
-def enable_compilation_cache(path: str | None) -> None:
-    """Persist compiled XLA programs so the next start-up skips most compiles."""
-    try:
-        cache = path or f"{default_cache_dir()}/xla"
-        jax.config.update("jax_compilation_cache_dir", cache)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    except Exception:  # noqa: BLE001 - an old jax without these flags: run uncached
-        pass
+def phase_logger() -> logging.Logger:
+    """The logger of the start's phase lines (load, compile, ready). Where the
+    application configured no logging at all, it writes INFO lines to stderr
+    itself (as the server does once it configures logging), so a notebook's
+    ``LLM()`` shows them too."""
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("pagedjax: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+    return logger
+
+
+def _programs_since(mark: tuple[int, int]) -> str:
+    compiled = CompileCounter.compiled() - (mark[0] - mark[1])
+    read = CompileCounter.cache_hits - mark[1]
+    return f"{compiled} compiled, {read} read back from the cache"
+
+
+def compile_programs(runner, args: EngineArgs, started: float) -> None:
+    """The compile phase, then the ready line: every program now
+    (``compile_all_at_start``), on background threads while requests are served
+    (``background_compile``: ``Runner.start_background_warmup``), or each on
+    first use (neither)."""
+    log = phase_logger()
+    mark = (CompileCounter.count, CompileCounter.cache_hits)
+    if args.compile_all_at_start:
+        secs = runner.warmup(progress=False)
+        log.info("compile: %.1f s, every program (%s)", secs, _programs_since(mark))
+    elif args.background_compile:
+        def done(pool) -> None:
+            log.info("compile: %.1f s in the background, %d programs (%d built ahead of the "
+                     "queue by a step that needed them, %d failed; in all %s)", pool.seconds,
+                     pool.total, pool.compiled_in_step, len(pool.failed), _programs_since(mark))
+
+        pool = runner.start_background_warmup(on_done=done)
+        log.info("compile: %d programs on %d background thread(s); requests are served "
+                 "meanwhile", pool.total, len(pool.threads))
+    log.info("ready: %.1f s after start", time.perf_counter() - started)
+
+
+def enable_compilation_cache(path: str | None) -> str | None:
+    """Persist every compiled XLA program so that the next start compiles none
+    (``compile_cache.py`` says where and under which keys); the folder used."""
+    from pagedjax.engine import compile_cache
+
+    return compile_cache.enable(path)
 
 
 def freeze_startup_heap() -> None:

@@ -78,12 +78,12 @@ def load_tokenizer(path_or_dir: Union[str, os.PathLike], gguf_file: Optional[str
     includes the file's size and mtime.
     """
     _quiet_transformers_import()
-    from transformers import AutoTokenizer
-
     path = Path(path_or_dir)
     if gguf_file is None and path.suffix == ".gguf" and path.is_file():
         path, gguf_file = path.parent, path.name
     if gguf_file is None:
+        from transformers import AutoTokenizer
+
         tok = AutoTokenizer.from_pretrained(str(path_or_dir), trust_remote_code=trust_remote_code)
     else:
         gguf_path = path / gguf_file
@@ -91,7 +91,12 @@ def load_tokenizer(path_or_dir: Union[str, os.PathLike], gguf_file: Optional[str
             raise ValueError(f"GGUF file not found: {gguf_path}")
         cache = _gguf_cache_dir(gguf_path)
         if (cache / "tokenizer_config.json").is_file():
-            tok = AutoTokenizer.from_pretrained(str(cache))
+            # What tokenizer_from_gguf built and saved: a PreTrainedTokenizerFast,
+            # loaded without AutoTokenizer's model-config machinery (which imports
+            # torch: seconds of a warm start).
+            from transformers import PreTrainedTokenizerFast
+
+            tok = PreTrainedTokenizerFast.from_pretrained(str(cache))
         else:
             tok = tokenizer_from_gguf(gguf_path)
             cache.parent.mkdir(parents=True, exist_ok=True)

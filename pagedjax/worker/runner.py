@@ -86,12 +86,18 @@ class ModelLaunched:
 
 
 class CompileCounter:
-    """Counts XLA backend compilations (``count``) and programs read back from the
-    persistent compilation cache instead (``cache_hits``), process-wide."""
+    """Counts programs obtained from XLA (``count``: compiled or read back from the
+    persistent compilation cache), those read back (``cache_hits``) and so those
+    actually compiled (:meth:`compiled`), process-wide."""
 
     _installed = False
     count = 0
     cache_hits = 0
+
+    @classmethod
+    def compiled(cls) -> int:
+        """Programs compiled by XLA (not read back from the disk cache) so far."""
+        return cls.count - cls.cache_hits
 
     @classmethod
     def install(cls) -> None:
@@ -148,6 +154,8 @@ class Runner:
         self.s_max = pow2(max_num_seqs, 1)  # rows per step, padded: the token source width
         self._no_tokens = jnp.zeros(self.s_max, jnp.int32)
         self._sample_backend: str | None = None  # see sample_backend
+        # Warm-up running in the background (compile_pool.py), or None.
+        self.compile_pool = None
         CompileCounter.install()
         # Two programs per step: the model (compiled per shape bucket, the
         # expensive one) and the sampler (per row bucket and feature flags,
@@ -210,6 +218,8 @@ class Runner:
         dst = np.zeros(n, np.int32)
         for i, (s, d) in enumerate(copies):
             src[i], dst[i] = s, d
+        if self.compile_pool is not None:
+            self.compile_pool.need(("copy", n))
         # numpy straight into the jit (jnp.asarray would compile a staging program per shape)
         self.kv_caches = self._copy(self.kv_caches, src, dst)
 
@@ -274,6 +284,9 @@ class Runner:
         self.shapes_seen.add((pending.shape, pending.num_logprobs, pending.prompt_k,
                               sampler_mod.variant_key(st)))
         sbufs, sspec = pack((st, pending.sample_index))
+        if self.compile_pool is not None:
+            self.compile_pool.need(("sampler", pending.logits.shape[0], sspec,
+                                    pending.num_logprobs))
         t0, c0 = time.perf_counter(), time.thread_time()
         out, tokens = self._sample(pending.logits, sbufs, spec=sspec,
                                    num_logprobs=pending.num_logprobs, backend=backend)
@@ -284,6 +297,8 @@ class Runner:
 
     def _run_model(self, rows, batch, prompt_k, shape, prev_tokens):
         bbufs, bspec = pack(batch)
+        if self.compile_pool is not None:
+            self.compile_pool.need(("model", bspec, prompt_k))
         # The numpy buffers go straight into the jitted call (one copy per dtype, made by
         # jit's C++ path: cheaper than a jax.device_put first, and placed as compiled).
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -337,10 +352,29 @@ class Runner:
 
     def warmup(self, progress: bool = True, shapes=None, workers: int | None = None) -> float:
         """Compile every program a step can run, ahead of time, from ``workers``
-        threads (pagedjax/worker/warmup.py); returns the seconds it took."""
+        threads (pagedjax/worker/warmup.py); returns the seconds it took. With a
+        warm-up running in the background, waits for it instead."""
         from pagedjax.worker import warmup
 
+        if self.compile_pool is not None and shapes is None:
+            t0 = time.perf_counter()
+            self.compile_pool.wait()
+            return time.perf_counter() - t0
         return warmup.warmup(self, progress=progress, shapes=shapes, workers=workers)
+
+    def start_background_warmup(self, workers: int | None = None, on_done=None):
+        """Compile warm-up's programs on ``workers`` background threads (default
+        ``warmup.background_workers()``) while steps run: a step then waits only for
+        a program it needs that is not built yet (compile_pool.py). Call before the
+        first step, from the thread that runs the steps. Returns the CompilePool."""
+        from pagedjax.worker import warmup
+        from pagedjax.worker.compile_pool import CompilePool
+
+        if self.compile_pool is not None:
+            raise RuntimeError("a background warm-up is already running for this runner")
+        jobs = warmup.compile_jobs(self, order="first_request")
+        self.compile_pool = CompilePool(jobs, workers or warmup.background_workers(), on_done)
+        return self.compile_pool
 
     def model_compile_job(self, rows, sample_rows: Sequence[SampleRow]):
         """(key, job) for the model program a step of ``rows`` runs: ``job()``

@@ -101,13 +101,40 @@ def sampler_rows(max_num_seqs: int) -> list[tuple[int, int]]:
             for r in sorted({max(8, s), max(8, 2 * s)})]
 
 
-def compile_jobs(runner, shapes=None) -> dict[tuple, Callable[[], object]]:
+def background_workers() -> int:
+    """Threads of a warm-up in the background: half the compiling threads (at least
+    one), the other cores run the steps being served meanwhile."""
+    return max(1, default_workers() // 2)
+
+
+def compile_jobs(runner, shapes=None, order: str = "largest") -> dict[tuple, Callable[[], object]]:
     """Each distinct program of warm-up once: key -> a job that compiles it.
     ``shapes``: the step shapes (default ``step_shapes``); the sampler and
-    page-copy programs are always all listed."""
-    shapes = shapes if shapes is not None else runner.warmup_shapes()
+    page-copy programs are always all listed. ``order``: "largest" (the longest
+    compilations first: a pool working through all of them balances best) or
+    "first_request" (what a first short request needs first: the sampler of a
+    few rows, then model programs from the smallest, tokens x pages)."""
+    if order not in ("largest", "first_request"):
+        raise ValueError(f"order must be 'largest' or 'first_request', got {order!r}")
+    jobs, sizes = _jobs(runner, shapes if shapes is not None else runner.warmup_shapes())
+    if order == "largest":
+        return jobs
+
+    def rank(key):
+        if key[0] == "sampler":
+            return (0 if key[1] <= 8 and key[3] is None else 2, key[1])
+        if key[0] == "model":
+            return (1, sizes[key])
+        return (3, 0)
+
+    return dict(sorted(jobs.items(), key=lambda kv: rank(kv[0])))
+
+
+def _jobs(runner, shapes) -> tuple[dict[tuple, Callable[[], object]], dict[tuple, tuple]]:
+    """(key -> job, model key -> (tokens x pages, rows) of its shape)."""
     greedy = SamplingParams(temperature=0.0, max_tokens=1)
     jobs: dict[tuple, Callable[[], object]] = {}
+    sizes: dict[tuple, tuple[int, int]] = {}
     # Largest model programs first: they take longest, the pool then balances.
     for s, t, p, decode in sorted(shapes, key=lambda x: (-x[1], -x[0])):
         rows = dummy_rows(runner.buckets, s, t, p, decode)
@@ -117,6 +144,7 @@ def compile_jobs(runner, shapes=None) -> dict[tuple, Callable[[], object]]:
                  for i, r in enumerate(rows)]
         key, job = runner.model_compile_job(rows, srows)
         jobs.setdefault(key, job)
+        sizes.setdefault(key, (t * p, s))
     for s, r in sampler_rows(runner.max_num_seqs):
         for kw, lp in WARM_SAMPLING:
             params = SamplingParams(max_tokens=1, logprobs=lp, **kw)
@@ -128,7 +156,7 @@ def compile_jobs(runner, shapes=None) -> dict[tuple, Callable[[], object]]:
     for r in row_buckets(runner.max_num_seqs):  # copy-on-write page copies (n > 1, beams)
         key, job = runner.copy_compile_job(r)
         jobs.setdefault(key, job)
-    return jobs
+    return jobs, sizes
 
 
 def run_jobs(jobs: dict[tuple, Callable[[], object]], workers: int,

@@ -129,7 +129,7 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
     p.add_argument("--max-logprobs", type=int, default=20)
     p.add_argument("--warmup", action="store_true",
-                   help="compile every step shape before accepting requests")
+                   help="the same as --compile-all-at-start")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--enable-test-hooks", action="store_true", help=argparse.SUPPRESS)
@@ -150,6 +150,8 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
                         "Qwen2.5) or llama3_json ({\"name\": .., \"parameters\": ..})")
     add_reliability_args(p)
     EngineArgs.add_cli_args(p)
+    # The server answers its first request while the rarer programs compile.
+    p.set_defaults(background_compile=True)
     multihost.add_cli_args(p)
 
 
@@ -178,10 +180,9 @@ def run_server(ns: argparse.Namespace) -> int:
                          f"(one of {sorted(TOOL_PARSERS)})")
     logging.basicConfig(level=getattr(logging, ns.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    engine = LLMEngine(EngineArgs.from_cli_args(ns, model=ns.model))
+    upfront = {"compile_all_at_start": True} if ns.warmup else {}
+    engine = LLMEngine(EngineArgs.from_cli_args(ns, model=ns.model, **upfront))
     sandbox_from_args(ns, engine)
-    if ns.warmup:
-        engine.runner.warmup(progress=True)
     names = ns.served_model_name or [ns.model or engine.model_name]
     metrics = EngineMetrics(names[0])
     llm = AsyncLLM.from_engine(engine, stat_logger=metrics)
