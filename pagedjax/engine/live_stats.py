@@ -82,6 +82,12 @@ class LiveStats:
     def watchers(self) -> int:
         return self._watchers
 
+    @property
+    def idle(self) -> bool:
+        """True when the engine had no unfinished request after its last step (then the
+        kept snapshot is current)."""
+        return self._was_idle
+
     def latest(self, after: int = 0) -> tuple[Optional[dict], list[dict], int]:
         """(newest snapshot or None, points with sequence number > after, newest number)."""
         with self._lock:

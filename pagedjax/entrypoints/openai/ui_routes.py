@@ -64,9 +64,22 @@ def _interval(request: Request, default: float) -> float:
     return value
 
 
+async def _fresh(live, since: float, timeout: float = 2.0) -> None:
+    """Wait (briefly) until the snapshot is one built after ``since``: while the engine
+    is busy, snapshots are built only for watchers, so the one kept may be old. An idle
+    engine's snapshot is current."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        snap = live.latest()[0]
+        if snap is None or live.idle or snap["time"] >= since:
+            return
+        await asyncio.sleep(0.02)
+
+
 async def snapshot_events(live, interval: float, stopped) -> "asyncio.AsyncIterator[bytes]":
     """The event stream of one viewer (see the module doc)."""
     with live.watch():
+        await _fresh(live, time.time())
         sent_snapshot, after = None, 0
         while not stopped():
             snap, points, after_new = live.latest(after)

@@ -160,6 +160,8 @@
   function drawPlots() {
     const now = Date.now() / 1000;
     points = points.filter((p) => p.t > now - WINDOW_S);
+    // The x axis spans the kept points (30 s at least, WINDOW_S at most).
+    const span = Math.max(30, Math.min(WINDOW_S, points.length ? now - points[0].t : 0));
     for (const [key, , fmt] of PLOTS) {
       const c = $("plot-" + key);
       const ctx = c.getContext("2d");
@@ -171,14 +173,14 @@
       ctx.fillStyle = "#666";
       ctx.font = "10px sans-serif";
       ctx.fillText(fmt(max), 4, 11);
-      ctx.fillText("-" + WINDOW_S / 60 + " min", 4, c.height - 4);
+      ctx.fillText("-" + Math.round(span) + " s", 4, c.height - 4);
       ctx.strokeStyle = "#1f6feb";
       ctx.lineWidth = 1.5;
       ctx.fillStyle = "#1f6feb";
       ctx.beginPath();
       let prev = null;
       for (const p of pts) {  // a gap (no data: the engine idle, or no viewer) breaks the line
-        const x = c.width * (1 - (now - p.t) / WINDOW_S);
+        const x = c.width * (1 - (now - p.t) / span);
         const y = c.height - 4 - (c.height - 18) * (p[key] / max);
         if (prev !== null && p.t - prev < GAP_S) ctx.lineTo(x, y); else ctx.moveTo(x, y);
         ctx.fillRect(x - 1, y - 1, 2, 2);
