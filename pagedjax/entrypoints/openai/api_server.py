@@ -116,7 +116,7 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allowed-origins", nargs="+", default=None, metavar="ORIGIN",
                    help="enable CORS for these browser origins (default: CORS off)")
     p.add_argument("--metrics-without-key", action="store_true",
-                   help="serve /metrics without the API key")
+                   help="serve /metrics and /dashboard/events without the API key")
     p.add_argument("--docs-without-key", action="store_true",
                    help="serve /docs, /redoc and /openapi.json without the API key")
     p.add_argument("--disable-ui", action="store_true",
