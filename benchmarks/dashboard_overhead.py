@@ -71,18 +71,26 @@ class Dashboard(threading.Thread):
         self.url, self.api_key = url, api_key
         self.stop = threading.Event()
         self.events = self.bytes = 0
+        self.error = None
+        self.build_ms: list[float] = []  # engine-thread CPU ms of each busy snapshot seen
 
     def run(self) -> None:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         req = urllib.request.Request(self.url + "/dashboard/events", headers=headers)
-        with urllib.request.urlopen(req, timeout=60) as r:
-            for line in r:
-                if line.startswith(b"data: "):
-                    json.loads(line[6:])
-                    self.events += 1
-                    self.bytes += len(line)
-                if self.stop.is_set():
-                    return
+        try:
+            with urllib.request.urlopen(req, timeout=600) as r:
+                for line in r:
+                    if line.startswith(b"data: "):
+                        ev = json.loads(line[6:])
+                        snap = ev.get("snapshot")
+                        if snap is not None and not snap["idle"]:
+                            self.build_ms.append(snap["build_ms"])
+                        self.events += 1
+                        self.bytes += len(line)
+                    if self.stop.is_set():
+                        return
+        except OSError as e:  # reported in the row: a reader that lost its stream
+            self.error = f"{type(e).__name__}: {e}"
 
 
 async def phase(url: str, api_key: str | None, model: str, ns, seed: int) -> dict:
@@ -129,7 +137,9 @@ def run(ns) -> dict:
                 for b in boards:
                     b.stop.set()
                 res.update(round=rnd, dashboards=n_dash, events=sum(b.events for b in boards),
-                           event_bytes=sum(b.bytes for b in boards))
+                           event_bytes=sum(b.bytes for b in boards),
+                           reader_errors=[b.error for b in boards if b.error],
+                           snapshot_build_ms=[x for b in boards for x in b.build_ms])
                 rows.append(res)
                 print(f"round {rnd} dashboards {n_dash}: {res['tokens_per_s']:.1f} tok/s",
                       flush=True)
@@ -145,11 +155,14 @@ def summarize(rows: list[dict], n: int) -> dict:
     base = [r["tokens_per_s"] for r in rows if r["dashboards"] == 0]
     with_ = [r["tokens_per_s"] for r in rows if r["dashboards"] == n]
     ev = [r for r in rows if r["dashboards"] == n]
+    builds = [x for r in ev for x in r.get("snapshot_build_ms", [])]
     return {"median_tok_s_0": float(np.median(base)), f"median_tok_s_{n}": float(np.median(with_)),
             "ratio": float(np.median(with_) / np.median(base)),
             "per_round_ratios": [w / b for w, b in zip(with_, base)],
             "event_bytes_per_event": (sum(r["event_bytes"] for r in ev)
-                                      / max(1, sum(r["events"] for r in ev)))}
+                                      / max(1, sum(r["events"] for r in ev))),
+            "snapshot_build_ms_median": float(np.median(builds)) if builds else None,
+            "snapshot_build_ms_max": max(builds) if builds else None}
 
 
 def parse_args(argv=None):
@@ -182,7 +195,9 @@ def main(argv=None) -> int:
     print(f"| 0 | {s['median_tok_s_0']:.1f} |\n| {n} | {s[f'median_tok_s_{n}']:.1f} |")
     print(f"ratio {n} / 0: {s['ratio']:.3f} (per round: "
           f"{', '.join(f'{r:.3f}' for r in s['per_round_ratios'])}); "
-          f"{s['event_bytes_per_event']:.0f} bytes per event")
+          f"{s['event_bytes_per_event']:.0f} bytes per event; a busy snapshot took "
+          f"{s['snapshot_build_ms_median']:.3f} ms (median) of engine-thread CPU time, "
+          f"{s['snapshot_build_ms_max']:.3f} ms at most")
     os.makedirs(os.path.dirname(ns.output), exist_ok=True)
     with open(ns.output, "w") as f:
         json.dump(out, f, indent=1)

@@ -109,8 +109,10 @@ class LiveStats:
             self._add_point(engine, now)
         if went_idle or self._snapshot is None or (
                 self._watchers and now - self._last_snapshot >= self.interval):
+            cpu = time.thread_time()
             snap = pool_snapshot(engine)
             snap["idle"] = idle
+            snap["build_ms"] = (time.thread_time() - cpu) * 1e3  # engine-thread CPU time it took
             self._last_snapshot = now
             with self._lock:
                 self._snapshot = snap

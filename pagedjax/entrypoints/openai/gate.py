@@ -4,9 +4,9 @@ In order: while draining for shutdown every request gets 503 with
 ``Connection: close`` (new and kept-alive connections alike); on a loopback
 bind the ``Host`` header must be a loopback name or one of ``--allowed-hosts``
 (stops DNS rebinding, as Jupyter does); with an API key, ``/v1``, ``/tokenize``,
-``/detokenize``, ``/metrics``,
-``/dashboard/events`` and the docs need ``Authorization: Bearer <key>`` (constant-time comparison),
-``/health`` never does. It also counts the requests in progress, so shutdown
+``/detokenize``, ``/metrics``, ``/dashboard/events`` and the docs need
+``Authorization: Bearer <key>`` (constant-time comparison), ``/health`` never
+does (nor the browser pages themselves: they ask for the key). It also counts the requests in progress, so shutdown
 knows when the last one has ended.
 """
 

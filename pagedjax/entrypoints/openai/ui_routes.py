@@ -21,6 +21,7 @@ import asyncio
 import json
 import time
 from importlib import resources
+from typing import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -76,7 +77,7 @@ async def _fresh(live, since: float, timeout: float = 2.0) -> None:
         await asyncio.sleep(0.02)
 
 
-async def snapshot_events(live, interval: float, stopped) -> "asyncio.AsyncIterator[bytes]":
+async def snapshot_events(live, interval: float, stopped) -> AsyncIterator[bytes]:
     """The event stream of one viewer (see the module doc)."""
     with live.watch():
         await _fresh(live, time.time())

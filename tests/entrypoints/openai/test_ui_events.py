@@ -63,13 +63,14 @@ def served(tiny_llama_dir, smollm2_gguf):
     config = AppConfig(served_model_names=["tiny"], gate=GateConfig(api_key=KEY),
                        live_stats=live)
     port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(build_app(llm, config), host="127.0.0.1", port=port,
+    app = build_app(llm, config)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
                                            log_level="warning", lifespan="off"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:
         time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", llm, rec
+    yield f"http://127.0.0.1:{port}", llm, rec, app
     server.should_exit = True
     llm.shutdown()
     thread.join(10)
@@ -109,7 +110,7 @@ async def _run_requests(llm, n: int):
 
 
 def test_snapshots_match_the_engines_counts(served):
-    url, llm, rec = served
+    url, llm, rec, _ = served
     events: list[dict] = []
     stop = threading.Event()
     reader = threading.Thread(target=_read_events, args=(url, events, stop), daemon=True)
@@ -149,7 +150,7 @@ def test_snapshots_match_the_engines_counts(served):
 
 
 def test_pages_and_event_gate(served):
-    url, _, _ = served
+    url, _, _, _ = served
     status, headers, body = _get(url + "/")
     assert status == 200 and b"<title>pagedjax chat</title>" in body
     assert "script-src 'self'" in headers["content-security-policy"]
@@ -166,7 +167,7 @@ def test_pages_and_event_gate(served):
 def test_disable_ui_and_open_metrics(served):
     from fastapi.testclient import TestClient
 
-    _, llm, _ = served
+    _, llm, _, _ = served
     off = build_app(llm, AppConfig(served_model_names=["tiny"], gate=GateConfig(api_key=KEY)))
     with TestClient(off) as c:
         for path in ("/", "/dashboard", "/dashboard/events", "/ui/chat.js"):
@@ -180,3 +181,21 @@ def test_disable_ui_and_open_metrics(served):
     with TestClient(gated, base_url="http://localhost") as c:
         r = c.get("/dashboard/events?interval=abc")  # open like /metrics: no key needed
         assert r.status_code == 400
+
+
+def test_event_stream_ends_when_the_server_drains(served):
+    url, _, _, app = served
+    events: list[dict] = []
+    stop = threading.Event()
+    reader = threading.Thread(target=_read_events, args=(url, events, stop), daemon=True)
+    reader.start()
+    while not events:
+        time.sleep(0.05)
+    state = app.state.server
+    state.draining = True
+    try:
+        reader.join(5)
+        assert not reader.is_alive(), "the event stream kept a draining server busy"
+    finally:
+        state.draining = False
+    assert state.active == 0
