@@ -6,8 +6,9 @@
 A "dashboard" is what the /dashboard page does on the server: it holds
 ``GET /dashboard/events`` open and reads one JSON event every 0.25 s (pool
 snapshot + rolling points); these readers run in this process, so the browser's
-own drawing cost is not charged to the server. Phases alternate (0, N, 0, N, ...)
-so that a busy neighbour on a shared machine hits both alike; each phase sends
+own drawing cost is not charged to the server. Phases alternate (0, N, N, 0,
+0, N, ...) so that a busy neighbour on a shared machine and any drift hit both
+alike; each phase sends its own random prompts (no prefix-cache hits across phases),
 ``--num-prompts`` streamed completions at once (random token ids, ``ignore_eos``,
 ``--max-tokens`` each) and measures output tokens/s from the first request sent
 to the last token received. Prints a table and writes JSON to
@@ -125,15 +126,17 @@ def run(ns) -> dict:
                 url + "/v1/models", headers={"Authorization": f"Bearer {ns.api_key}"}
                 if ns.api_key else {}), timeout=30) as r:
             model = json.loads(r.read())["data"][0]["id"]
-        asyncio.run(phase(url, ns.api_key, model, ns, seed=999))  # warm-up: compile the shapes
+        asyncio.run(phase(url, ns.api_key, model, ns, seed=0))  # warm-up: compile the shapes
         rows = []
         for rnd in range(ns.rounds):
-            for n_dash in (0, ns.dashboards):
+            order = (0, ns.dashboards) if rnd % 2 == 0 else (ns.dashboards, 0)
+            for n_dash in order:
                 boards = [Dashboard(url, ns.api_key) for _ in range(n_dash)]
                 for b in boards:
                     b.start()
                 time.sleep(1.0 if boards else 0.0)
-                res = asyncio.run(phase(url, ns.api_key, model, ns, seed=rnd))
+                # Fresh prompts every phase: no prefix-cache hits from an earlier phase.
+                res = asyncio.run(phase(url, ns.api_key, model, ns, seed=1 + 2 * rnd + (n_dash > 0)))
                 for b in boards:
                     b.stop.set()
                 res.update(round=rnd, dashboards=n_dash, events=sum(b.events for b in boards),

@@ -31,6 +31,12 @@ DEFAULT_INTERVAL_S = 0.25
 DEFAULT_WINDOW_S = 300.0
 
 
+def _kv_usage(pool) -> float:
+    """Pages held / usable pages, in O(1) (PoolStats counts shared pages: a pass over all)."""
+    total = pool.num_usable_pages
+    return (total - pool.num_allocatable) / total if total else 0.0
+
+
 class StatLoggers:
     """Several stat loggers behind one (each gets every call, in order)."""
 
@@ -144,7 +150,7 @@ class LiveStats:
         point = {"t": time.time(), "tokens_per_s": (gen - gen0) / dt,
                  "prompt_tokens_per_s": (prompt - prompt0) / dt,
                  "batch": sch.num_running, "waiting": sch.num_waiting,
-                 "kv_usage": sch.stats().usage, "preemptions": sch.num_preemptions,
+                 "kv_usage": _kv_usage(sch.pool), "preemptions": sch.num_preemptions,
                  "ttft": sum(ttfts) / len(ttfts) if ttfts else None,
                  "itl": sum(itls) / len(itls) if itls else None}
         self._base = (now, gen, prompt)
