@@ -82,6 +82,7 @@ def test_non_editable_install_in_a_fresh_venv(tmp_path):
             "here = os.path.dirname(pagedjax.__file__)\n"
             "assert pagedjax.models.__file__.startswith(here), pagedjax.models.__file__\n"
             "assert os.path.exists(os.path.join(os.path.dirname(n.__file__), 'attention.cc'))\n"
+            "assert os.path.exists(os.path.join(here, 'entrypoints', 'openai', 'static', 'index.html'))\n"
             "print('OK', here)\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run([py, "-c", code], cwd=str(tmp_path), env=env,

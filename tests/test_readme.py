@@ -26,7 +26,10 @@ BLOCK_TIMEOUT_S = 1800
 
 VENV_STEPS = ("python3 -m venv .venv", ". .venv/bin/activate")
 # What .ci/run may do besides the README's commands.
-CI_HOUSEKEEPING = ("set -euo pipefail", 'cd "$(dirname "$0")/.."', "pip install -q --upgrade pip")
+CI_HOUSEKEEPING = ("set -euo pipefail", 'cd "$(dirname "$0")/.."', "pip install -q --upgrade pip",
+                   # the system browser for tests/entrypoints/openai/test_ui_browser.py
+                   'if [ "$(id -u)" -eq 0 ] && ! [ -x /usr/bin/chromedriver ]; then apt-get update -qq '
+                   '&& DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; fi')
 
 
 def _read(path: str) -> str:

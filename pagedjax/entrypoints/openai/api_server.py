@@ -5,7 +5,9 @@
 
 Routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions (tools:
 docs/tool_calling.md), POST /tokenize, POST /detokenize,
-GET /health, GET /version, GET /metrics, GET /openapi.json and /docs. Binds
+GET /health, GET /version, GET /metrics, GET /openapi.json and /docs, and the
+browser pages (docs/ui.md): a chat playground at / and the live engine at
+/dashboard (off with --disable-ui). Binds
 127.0.0.1 unless --host is given, and then answers only requests whose Host is
 a loopback name (or listed in --allowed-hosts). With --api-key (or
 PAGEDJAX_API_KEY / VLLM_API_KEY, which keep the key out of the process list)
@@ -117,9 +119,11 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allowed-origins", nargs="+", default=None, metavar="ORIGIN",
                    help="enable CORS for these browser origins (default: CORS off)")
     p.add_argument("--metrics-without-key", action="store_true",
-                   help="serve /metrics without the API key")
+                   help="serve /metrics and /dashboard/events without the API key")
     p.add_argument("--docs-without-key", action="store_true",
                    help="serve /docs, /redoc and /openapi.json without the API key")
+    p.add_argument("--disable-ui", action="store_true",
+                   help="serve neither the chat page (/) nor the dashboard (/dashboard)")
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds in-flight requests may run after SIGTERM/SIGINT (default 30)")
     p.add_argument("--chat-template-timeout", type=float, default=1.0,
@@ -173,6 +177,7 @@ def run_server(ns: argparse.Namespace) -> int:
     from pagedjax.engine.async_llm import AsyncLLM
     from pagedjax.config import EngineArgs
     from pagedjax.engine.llm_engine import LLMEngine
+    from pagedjax.engine.live_stats import LiveStats, StatLoggers
     from pagedjax.engine.metrics import EngineMetrics
 
     if ns.enable_auto_tool_choice and not ns.tool_call_parser:
@@ -185,9 +190,13 @@ def run_server(ns: argparse.Namespace) -> int:
     sandbox_from_args(ns, engine)
     names = ns.served_model_name or [ns.model or engine.model_name]
     metrics = EngineMetrics(names[0])
-    llm = AsyncLLM.from_engine(engine, stat_logger=metrics)
+    live = None if ns.disable_ui else LiveStats()
+    if live is not None:
+        live.on_step(engine, 0)  # the first picture, before the engine thread owns it
+    llm = AsyncLLM.from_engine(engine, stat_logger=StatLoggers(metrics, live))
     metrics.update_engine(engine, 0)
     config = _app_config(ns, names, metrics)
+    config.live_stats = live
     config.lora_registry, config.allow_lora_updates = lora_setup(ns, engine, names)
     config.lora_allowed_paths = allowed_folders(ns.allowed_lora_paths)
     state = ServerState()

@@ -55,6 +55,7 @@ class AppConfig:
     allow_lora_updates: bool = False  # /v1/load_lora_adapter and /v1/unload_lora_adapter
     lora_allowed_paths: tuple = ()  # resolved folders runtime loading may read from
     tool_call_parser: Optional[str] = None  # tool_choice "auto" answered with this parser
+    live_stats: object = None  # engine.live_stats.LiveStats: the browser pages (None: no pages)
 
 
 def _body_schema(model_cls) -> dict:
@@ -173,6 +174,10 @@ def build_app(llm: AsyncLLM, config: AppConfig, state: Optional[ServerState] = N
     async def detokenize(request: Request):
         return await handle(request, DetokenizeRequest, tok.detokenize)
 
+    if config.live_stats is not None:
+        from pagedjax.entrypoints.openai.ui_routes import add_ui_routes
+
+        add_ui_routes(app, llm, config.live_stats)
     _add_request_schemas(app)
     app.add_middleware(Gate, config=config.gate, state=state)
     if config.allowed_origins:

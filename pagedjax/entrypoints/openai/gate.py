@@ -4,9 +4,9 @@ In order: while draining for shutdown every request gets 503 with
 ``Connection: close`` (new and kept-alive connections alike); on a loopback
 bind the ``Host`` header must be a loopback name or one of ``--allowed-hosts``
 (stops DNS rebinding, as Jupyter does); with an API key, ``/v1``, ``/tokenize``,
-``/detokenize``, ``/metrics``
-and the docs need ``Authorization: Bearer <key>`` (constant-time comparison),
-``/health`` never does. It also counts the requests in progress, so shutdown
+``/detokenize``, ``/metrics``, ``/dashboard/events`` and the docs need
+``Authorization: Bearer <key>`` (constant-time comparison), ``/health`` never
+does (nor the browser pages themselves: they ask for the key). It also counts the requests in progress, so shutdown
 knows when the last one has ended.
 """
 
@@ -21,6 +21,7 @@ from typing import Optional
 from pagedjax.entrypoints.openai.errors import OpenAIError, short
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+METRICS_PATHS = frozenset({"/metrics", "/dashboard/events"})  # --metrics-without-key opens both
 DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 
 
@@ -75,7 +76,7 @@ class Gate:
     def _needs_key(self, path: str) -> bool:
         if not self.config.api_key or path == "/health":
             return False
-        if path == "/metrics":
+        if path in METRICS_PATHS:
             return not self.config.open_metrics
         if path in DOCS_PATHS:
             return not self.config.open_docs
