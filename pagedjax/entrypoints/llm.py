@@ -102,20 +102,42 @@ class LLM:
     # ------------------------------------------------------------------ chat
     def chat(self, messages, sampling_params: SamplingParams | None = None, use_tqdm: bool = True,
              add_generation_prompt: bool = True, chat_template: str | None = None,
-             lora_request=None):
+             lora_request=None, chat_template_kwargs: dict | None = None,
+             tools: list[dict] | None = None, reasoning_parser: str | None = None):
         """Apply the model's chat template to one conversation or a list of them
-        (``lora_request`` as in :meth:`generate`)."""
-        from pagedjax.engine.tokenizer import apply_chat_template
+        (``lora_request`` as in :meth:`generate`).
 
+        ``chat_template_kwargs`` are extra template variables (e.g.
+        ``{"enable_thinking": False}``); ``tools`` reach the template as OpenAI's
+        tool list. ``reasoning_parser`` ('qwen3', 'deepseek_r1') splits each
+        output: ``reasoning_content`` holds the thinking and ``text`` the answer,
+        and a structured-output constraint applies to the answer only."""
+        from pagedjax.engine.tokenizer import apply_chat_template
+        from pagedjax.entrypoints.reasoning.chat import ChatReasoning
+
+        tok = self.llm_engine.tokenizer
         convs = messages if messages and isinstance(messages[0], list) else [messages]
-        prompts = []
+        prompts, splits, params = [], [], []
         for conv in convs:
-            ids = apply_chat_template(self.llm_engine.tokenizer, conv,
-                                      add_generation_prompt=add_generation_prompt,
-                                      chat_template=chat_template)
+            ids = apply_chat_template(tok, conv, add_generation_prompt=add_generation_prompt,
+                                      chat_template=chat_template, tools=tools,
+                                      **(chat_template_kwargs or {}))
             prompts.append({"prompt_token_ids": ids})
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm,
-                             lora_request=lora_request)
+            sp = sampling_params or SamplingParams()
+            if reasoning_parser is not None:
+                split = ChatReasoning(reasoning_parser, tok, ids)
+                splits.append(split)
+                if sp.structured_outputs is not None:
+                    sp = sp.clone()
+                    sp.structured_outputs = split.constrain_after(sp.structured_outputs)
+            params.append(sp)
+        outs = self.generate(prompts, params, use_tqdm=use_tqdm, lora_request=lora_request)
+        for out, split in zip(outs, splits):
+            for o in out.outputs:
+                reasoning, o.text = split.parser().split(o.text)
+                o.text = o.text or ""
+                o.reasoning_content = reasoning
+        return outs
 
     # ------------------------------------------------------------------ beam search
     def beam_search(self, prompts, params: BeamSearchParams) -> list[BeamSearchOutput]:

@@ -35,6 +35,7 @@ import uvicorn
 from pagedjax.entrypoints.openai.app import DEFAULT_MAX_BODY_BYTES, AppConfig, build_app
 from pagedjax.entrypoints.openai.gate import GateConfig, ServerState, is_loopback
 from pagedjax.entrypoints.openai.tool_parsers import TOOL_PARSERS
+from pagedjax.entrypoints.reasoning import REASONING_PARSERS
 
 logger = logging.getLogger("pagedjax.server")
 
@@ -142,6 +143,9 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_PARSERS),
                    help="how the model writes tool calls: hermes (<tool_call>{...}</tool_call>, "
                         "Qwen2.5) or llama3_json ({\"name\": .., \"parameters\": ..})")
+    p.add_argument("--reasoning-parser", default=None, choices=sorted(REASONING_PARSERS),
+                   help="split a reasoning model's <think> block into reasoning_content "
+                        "(qwen3, deepseek_r1); structured outputs then constrain the answer")
     EngineArgs.add_cli_args(p)
     multihost.add_cli_args(p)
 
@@ -157,7 +161,8 @@ def _app_config(ns: argparse.Namespace, names: list[str], metrics) -> AppConfig:
                      max_logprobs=ns.max_logprobs, template_time_limit_s=ns.chat_template_timeout,
                      allowed_origins=ns.allowed_origins, enable_test_hooks=ns.enable_test_hooks,
                      metrics=metrics,
-                     tool_call_parser=ns.tool_call_parser if ns.enable_auto_tool_choice else None)
+                     tool_call_parser=ns.tool_call_parser if ns.enable_auto_tool_choice else None,
+                     reasoning_parser=ns.reasoning_parser)
 
 
 def run_server(ns: argparse.Namespace) -> int:

@@ -53,6 +53,7 @@ class AppConfig:
     lora_registry: object = None  # lora_routes.LoRARegistry (adapters served as models)
     allow_lora_updates: bool = False  # /v1/load_lora_adapter and /v1/unload_lora_adapter
     tool_call_parser: Optional[str] = None  # tool_choice "auto" answered with this parser
+    reasoning_parser: Optional[str] = None  # <think> blocks -> reasoning_content
 
 
 def _body_schema(model_cls) -> dict:
@@ -70,7 +71,8 @@ def build_app(llm: AsyncLLM, config: AppConfig, state: Optional[ServerState] = N
     app = FastAPI(title="pagedjax OpenAI-compatible server", version=pagedjax.__version__)
     state = state or ServerState()
     serving = OpenAIServing(llm, config.served_model_names, config.max_logprobs,
-                            config.template_time_limit_s, config.tool_call_parser)
+                            config.template_time_limit_s, config.tool_call_parser,
+                            config.reasoning_parser)
     app.state.llm, app.state.serving, app.state.server = llm, serving, state
     engine = llm.engine
     loras = config.lora_registry or LoRARegistry(config.served_model_names[0],
