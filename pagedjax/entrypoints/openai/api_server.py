@@ -34,6 +34,7 @@ import uvicorn
 
 from pagedjax.entrypoints.openai.app import DEFAULT_MAX_BODY_BYTES, AppConfig, build_app
 from pagedjax.entrypoints.openai.gate import GateConfig, ServerState, is_loopback
+from pagedjax.entrypoints.openai.responses_store import ResponseStore
 from pagedjax.entrypoints.openai.tool_parsers import TOOL_PARSERS
 from pagedjax.entrypoints.reasoning import REASONING_PARSERS
 
@@ -146,6 +147,10 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reasoning-parser", default=None, choices=sorted(REASONING_PARSERS),
                    help="split a reasoning model's <think> block into reasoning_content "
                         "(qwen3, deepseek_r1); structured outputs then constrain the answer")
+    p.add_argument("--disable-response-store", action="store_true",
+                   help="keep no /v1/responses responses (no previous_response_id, GET, DELETE)")
+    p.add_argument("--max-stored-responses", type=int, default=1000,
+                   help="responses kept for previous_response_id (least recently used dropped)")
     EngineArgs.add_cli_args(p)
     multihost.add_cli_args(p)
 
@@ -162,7 +167,9 @@ def _app_config(ns: argparse.Namespace, names: list[str], metrics) -> AppConfig:
                      allowed_origins=ns.allowed_origins, enable_test_hooks=ns.enable_test_hooks,
                      metrics=metrics,
                      tool_call_parser=ns.tool_call_parser if ns.enable_auto_tool_choice else None,
-                     reasoning_parser=ns.reasoning_parser)
+                     reasoning_parser=ns.reasoning_parser,
+                     response_store=ResponseStore(ns.max_stored_responses,
+                                                  enabled=not ns.disable_response_store))
 
 
 def run_server(ns: argparse.Namespace) -> int:

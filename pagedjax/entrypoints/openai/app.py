@@ -54,6 +54,7 @@ class AppConfig:
     allow_lora_updates: bool = False  # /v1/load_lora_adapter and /v1/unload_lora_adapter
     tool_call_parser: Optional[str] = None  # tool_choice "auto" answered with this parser
     reasoning_parser: Optional[str] = None  # <think> blocks -> reasoning_content
+    response_store: object = None  # responses_store.ResponseStore (/v1/responses)
 
 
 def _body_schema(model_cls) -> dict:
@@ -172,6 +173,14 @@ def build_app(llm: AsyncLLM, config: AppConfig, state: Optional[ServerState] = N
     async def detokenize(request: Request):
         return await handle(request, DetokenizeRequest, tok.detokenize)
 
+    from pagedjax.entrypoints.openai.responses_routes import add_responses_routes
+    from pagedjax.entrypoints.openai.responses_store import ResponseStore
+
+    add_responses_routes(app, serving, handle, config.response_store or ResponseStore(),
+                         _body_schema, _POST_ERRORS)
+    from pagedjax.entrypoints.openai.messages_routes import add_messages_routes
+
+    add_messages_routes(app, serving, handle, _body_schema)
     _add_request_schemas(app)
     app.add_middleware(Gate, config=config.gate, state=state)
     if config.allowed_origins:
@@ -192,8 +201,11 @@ def _add_request_schemas(app: FastAPI) -> None:
             return app.openapi_schema
         doc = base_openapi()
         schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+        from pagedjax.entrypoints.openai.protocol_messages import MessagesRequest
+        from pagedjax.entrypoints.openai.protocol_responses import ResponsesRequest
+
         for cls in (CompletionRequest, ChatCompletionRequest, TokenizeRequest,
-                    DetokenizeRequest):
+                    DetokenizeRequest, ResponsesRequest, MessagesRequest):
             s = cls.model_json_schema(ref_template="#/components/schemas/{model}",
                                       mode="validation")
             schemas.update(s.pop("$defs", {}))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from pagedjax.entrypoints.openai.tool_parsers.base import held_back
+from pagedjax.entrypoints.text_tags import held_back
 
 
 class ReasoningParser:

@@ -37,11 +37,12 @@ def clamp(body) -> None:
     """Keep the generation sizes of a valid body small (it stays valid)."""
     if not isinstance(body, dict):
         return
-    for key in ("max_tokens", "max_completion_tokens"):
+    keys = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+    for key in keys:
         if _is_int(body.get(key)) and body[key] > 2:
             body[key] = 2
-    if "max_tokens" not in body and "max_completion_tokens" not in body:
-        body["max_tokens"] = 2
+    if not any(k in body for k in keys):
+        body["max_output_tokens" if "input" in body else "max_tokens"] = 2
     if _is_int(body.get("min_tokens")) and 2 < body["min_tokens"]:
         body["min_tokens"] = 2
     for key in ("n", "best_of"):
