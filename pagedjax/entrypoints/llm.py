@@ -139,6 +139,28 @@ class LLM:
                 o.reasoning_content = reasoning
         return outs
 
+    # ------------------------------------------------------------------ score
+    def score(self, text_1, text_2, instruction: str | None = None, use_tqdm: bool = True):
+        """Cross-encoder scores of (text_1, text_2) pairs with this decoder as a yes/no
+        reranker (Qwen3-Reranker's prompt; see pagedjax/entrypoints/scoring.py). One
+        text_1 is scored against every text_2, or two lists pairwise. Returns one
+        ``ScoringRequestOutput`` per pair (``.outputs.score`` in [0, 1])."""
+        from pagedjax.entrypoints.scoring import (ScoringOutput, ScoringRequestOutput,
+                                                  YesNoScorer, pairs_of)
+
+        scorer = YesNoScorer(self.llm_engine.tokenizer)
+        ids = [scorer.prompt_ids(q, d, instruction) for q, d in pairs_of(text_1, text_2)]
+        prompts = [{"prompt_token_ids": p} for p in ids for _ in range(2)]
+        params = [scorer.params(t) for _ in ids for t in (scorer.yes_id, scorer.no_id)]
+        outs = self.generate(prompts, params, use_tqdm=use_tqdm)
+        result = []
+        for i, p in enumerate(ids):
+            yes, no = outs[2 * i], outs[2 * i + 1]
+            s = scorer.score(scorer.logprob_of(yes, scorer.yes_id),
+                             scorer.logprob_of(no, scorer.no_id))
+            result.append(ScoringRequestOutput(yes.request_id, p, ScoringOutput(s)))
+        return result
+
     # ------------------------------------------------------------------ beam search
     def beam_search(self, prompts, params: BeamSearchParams) -> list[BeamSearchOutput]:
         """Beam search with forked, page-sharing beams (see pagedjax/entrypoints/beam_search.py)."""

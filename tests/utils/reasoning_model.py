@@ -32,7 +32,8 @@ CORPUS = ["user assistant system Hello world Let me think about it.\n\n" * 4,
           '{"answer": "yes"} {"answer": "no"} [{"name": "f", "parameters": {}}]'] * 3
 
 
-def _tokenizer():
+def make_tokenizer():
+    """The tiny byte-level BPE tokenizer with the Qwen3-style chat template."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -72,7 +73,7 @@ def build_reasoning_model(folder: str, seed: int = 0) -> str:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    tok = _tokenizer()
+    tok = make_tokenizer()
     nxt = _chain(tok)
     hidden = 64
     cfg = Qwen3Config(vocab_size=len(tok), hidden_size=hidden, intermediate_size=128,
