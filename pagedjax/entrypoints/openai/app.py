@@ -181,6 +181,9 @@ def build_app(llm: AsyncLLM, config: AppConfig, state: Optional[ServerState] = N
     from pagedjax.entrypoints.openai.messages_routes import add_messages_routes
 
     add_messages_routes(app, serving, handle, _body_schema)
+    from pagedjax.entrypoints.openai.score_routes import add_score_routes
+
+    add_score_routes(app, serving, handle, _body_schema, _POST_ERRORS)
     _add_request_schemas(app)
     app.add_middleware(Gate, config=config.gate, state=state)
     if config.allowed_origins:
@@ -203,9 +206,11 @@ def _add_request_schemas(app: FastAPI) -> None:
         schemas = doc.setdefault("components", {}).setdefault("schemas", {})
         from pagedjax.entrypoints.openai.protocol_messages import MessagesRequest
         from pagedjax.entrypoints.openai.protocol_responses import ResponsesRequest
+        from pagedjax.entrypoints.openai.serving_score import RerankRequest, ScoreRequest
 
         for cls in (CompletionRequest, ChatCompletionRequest, TokenizeRequest,
-                    DetokenizeRequest, ResponsesRequest, MessagesRequest):
+                    DetokenizeRequest, ResponsesRequest, MessagesRequest, ScoreRequest,
+                    RerankRequest):
             s = cls.model_json_schema(ref_template="#/components/schemas/{model}",
                                       mode="validation")
             schemas.update(s.pop("$defs", {}))

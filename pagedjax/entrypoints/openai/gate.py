@@ -79,7 +79,8 @@ class Gate:
             return not self.config.open_metrics
         if path in DOCS_PATHS:
             return not self.config.open_docs
-        return path.startswith("/v1") or path in ("/tokenize", "/detokenize")
+        return path.startswith("/v1") or path in ("/tokenize", "/detokenize", "/score",
+                                                  "/rerank")
 
     def check(self, scope) -> None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1")

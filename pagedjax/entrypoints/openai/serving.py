@@ -57,6 +57,12 @@ class OpenAIServing:
         """The LoRARequest of an adapter served under ``model``, else None (the base)."""
         return self.loras.get(model) if self.loras is not None else None
 
+    lora_of = _lora  # the public name, for the other endpoints
+
+    def check_prompt_length(self, n_prompt: int, what: str = "prompt") -> None:
+        """OpenAIError 400 when a prompt leaves no room for one output token."""
+        self._check_length(n_prompt, 1, what)
+
     def _decode(self, tid: int) -> str:
         return self.tokenizer.decode([int(tid)])
 
