@@ -98,3 +98,22 @@ def test_bad_chat_template_kwargs_is_400(rserver):
     with pytest.raises(openai.BadRequestError) as e:
         _chat(rserver, extra_body={"chat_template_kwargs": {"messages": []}})
     assert e.value.body["param"] == "chat_template_kwargs"
+
+
+def test_responses_reasoning_items(rserver):
+    client = rserver.client()
+    r = client.responses.create(model=rserver.model, input="hi", max_output_tokens=40,
+                                temperature=0.0)
+    kinds = [o.type for o in r.output]
+    assert kinds == ["reasoning", "message"]
+    assert r.output[0].content[0].text == THOUGHT and r.output_text == ANSWER
+    events = list(client.responses.create(model=rserver.model, input="hi", stream=True,
+                                          max_output_tokens=40, temperature=0.0))
+    thought = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert (thought, text) == (THOUGHT, ANSWER)
+    assert [o.type for o in events[-1].response.output] == ["reasoning", "message"]
+    # a follow-up continues from the answer (the thinking is not sent back)
+    r2 = client.responses.create(model=rserver.model, input="again", max_output_tokens=40,
+                                 temperature=0.0, previous_response_id=r.id)
+    assert r2.output_text == ANSWER and r2.usage.input_tokens > r.usage.input_tokens
