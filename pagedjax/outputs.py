@@ -54,6 +54,8 @@ class CompletionOutput:
     logprobs: Optional[SampleLogprobs]
     finish_reason: Optional[str] = None  # "stop" | "length" | "abort" | "error"
     stop_reason: Union[int, str, None] = None  # the stop string or stop token id
+    # LLM.chat(reasoning_parser=...): the thinking; ``text`` then holds the answer only
+    reasoning_content: Optional[str] = None
 
     def finished(self) -> bool:
         return self.finish_reason is not None

@@ -117,7 +117,9 @@ class StructuredOutputsParams:
     ``regex``, ``choice`` (a list of strings), ``grammar`` (a Lark grammar, or
     llama.cpp's GBNF) or ``json_object=True`` (any JSON object) must be given.
     ``disable_any_whitespace`` keeps JSON compact (no free whitespace between
-    tokens). The spec is checked (and compiled, cached) when the request is
+    tokens). ``start_after`` (token ids, e.g. a reasoning model's ``</think>``)
+    leaves the output free until that sequence appears in it; the constraint
+    applies to what follows. The spec is checked (and compiled, cached) when the request is
     added; an invalid schema, regex or grammar raises ``ValueError`` there.
     See docs/structured_outputs.md.
     """
@@ -128,6 +130,7 @@ class StructuredOutputsParams:
     grammar: Optional[str] = None
     json_object: Optional[bool] = None
     disable_any_whitespace: bool = False
+    start_after: Optional[list[int]] = None
 
     def __post_init__(self) -> None:
         given = [k for k in ("json", "regex", "choice", "grammar")
@@ -157,6 +160,14 @@ class StructuredOutputsParams:
         if self.json_object is not None and not isinstance(self.json_object, bool):
             raise ValueError(f"structured_outputs.json_object must be True or False, "
                              f"got {short(self.json_object)}.")
+        if self.start_after is not None:
+            ok = isinstance(self.start_after, (list, tuple)) and self.start_after and all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                for t in self.start_after)
+            if not ok:
+                raise ValueError("structured_outputs.start_after must be a non-empty list of "
+                                 f"token ids, got {short(self.start_after)}.")
+            self.start_after = [int(t) for t in self.start_after]
         if not isinstance(self.disable_any_whitespace, bool):
             raise ValueError("structured_outputs.disable_any_whitespace must be True or False, "
                              f"got {short(self.disable_any_whitespace)}.")

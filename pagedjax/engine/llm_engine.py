@@ -260,7 +260,8 @@ class LLMEngine:
             return None
         if beam:
             raise ValueError("structured_outputs cannot be combined with beam search")
-        return GrammarState(self.grammars, self.grammars.compile(params.structured_outputs))
+        spec = params.structured_outputs
+        return GrammarState(self.grammars, self.grammars.compile(spec), spec.start_after)
 
     def abort_request(self, request_id: str | Sequence[str]) -> None:
         """Abort requests (all their sequences) at any time; their pages are freed at once."""

@@ -1,4 +1,5 @@
-"""`pagedjax serve` and `pagedjax bench throughput|serving` (registered by cli.py)."""
+"""`pagedjax serve`, `pagedjax run-batch` and `pagedjax bench serve|throughput|serving`
+(registered by cli.py)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,17 @@ def _passthrough(name: str):
     return run
 
 
+def _bench_serve(ns: argparse.Namespace) -> int:
+    from pagedjax.benchmarks import serve
+
+    try:
+        serve.benchmark(ns)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def register(sub) -> None:
     from pagedjax.entrypoints.openai.api_server import add_server_args
 
@@ -39,8 +51,24 @@ def register(sub) -> None:
     add_server_args(s)
     s.set_defaults(func=cmd_serve)
 
-    b = sub.add_parser("bench", help="benchmarks: throughput (offline) or serving (HTTP)")
+    from pagedjax.entrypoints import run_batch
+
+    rb = sub.add_parser("run-batch", help="run an OpenAI batch file (JSONL) offline",
+                        description=run_batch.__doc__,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    run_batch.add_cli_args(rb)
+    rb.set_defaults(func=run_batch.run_batch)
+
+    b = sub.add_parser("bench", help="benchmarks: serve (any OpenAI-compatible server), "
+                                     "throughput (offline) or serving (HTTP, Poisson arrivals)")
     bsub = b.add_subparsers(dest="bench_command", required=True)
+    from pagedjax.benchmarks import serve as bench_serve
+
+    bs = bsub.add_parser("serve", help="online serving benchmark against a running server",
+                         description=bench_serve.__doc__,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench_serve.add_cli_args(bs)
+    bs.set_defaults(func=_bench_serve)
     for name, helptext in (("throughput", "offline throughput (pagedjax/benchmarks/throughput.py)"),
                            ("serving", "online serving latency/throughput "
                                        "(pagedjax/benchmarks/serving.py)")):

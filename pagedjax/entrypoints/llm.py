@@ -103,20 +103,64 @@ class LLM:
     # ------------------------------------------------------------------ chat
     def chat(self, messages, sampling_params: SamplingParams | None = None, use_tqdm: bool = True,
              add_generation_prompt: bool = True, chat_template: str | None = None,
-             lora_request=None):
+             lora_request=None, chat_template_kwargs: dict | None = None,
+             tools: list[dict] | None = None, reasoning_parser: str | None = None):
         """Apply the model's chat template to one conversation or a list of them
-        (``lora_request`` as in :meth:`generate`)."""
-        from pagedjax.engine.tokenizer import apply_chat_template
+        (``lora_request`` as in :meth:`generate`).
 
+        ``chat_template_kwargs`` are extra template variables (e.g.
+        ``{"enable_thinking": False}``); ``tools`` reach the template as OpenAI's
+        tool list. ``reasoning_parser`` ('qwen3', 'deepseek_r1') splits each
+        output: ``reasoning_content`` holds the thinking and ``text`` the answer,
+        and a structured-output constraint applies to the answer only."""
+        from pagedjax.engine.tokenizer import apply_chat_template
+        from pagedjax.entrypoints.reasoning.chat import ChatReasoning
+
+        tok = self.llm_engine.tokenizer
         convs = messages if messages and isinstance(messages[0], list) else [messages]
-        prompts = []
+        prompts, splits, params = [], [], []
         for conv in convs:
-            ids = apply_chat_template(self.llm_engine.tokenizer, conv,
-                                      add_generation_prompt=add_generation_prompt,
-                                      chat_template=chat_template)
+            ids = apply_chat_template(tok, conv, add_generation_prompt=add_generation_prompt,
+                                      chat_template=chat_template, tools=tools,
+                                      **(chat_template_kwargs or {}))
             prompts.append({"prompt_token_ids": ids})
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm,
-                             lora_request=lora_request)
+            sp = sampling_params or SamplingParams()
+            if reasoning_parser is not None:
+                split = ChatReasoning(reasoning_parser, tok, ids)
+                splits.append(split)
+                if sp.structured_outputs is not None:
+                    sp = sp.clone()
+                    sp.structured_outputs = split.constrain_after(sp.structured_outputs)
+            params.append(sp)
+        outs = self.generate(prompts, params, use_tqdm=use_tqdm, lora_request=lora_request)
+        for out, split in zip(outs, splits):
+            for o in out.outputs:
+                reasoning, o.text = split.parser().split(o.text)
+                o.text = o.text or ""
+                o.reasoning_content = reasoning
+        return outs
+
+    # ------------------------------------------------------------------ score
+    def score(self, text_1, text_2, instruction: str | None = None, use_tqdm: bool = True):
+        """Cross-encoder scores of (text_1, text_2) pairs with this decoder as a yes/no
+        reranker (Qwen3-Reranker's prompt; see pagedjax/entrypoints/scoring.py). One
+        text_1 is scored against every text_2, or two lists pairwise. Returns one
+        ``ScoringRequestOutput`` per pair (``.outputs.score`` in [0, 1])."""
+        from pagedjax.entrypoints.scoring import (ScoringOutput, ScoringRequestOutput,
+                                                  YesNoScorer, pairs_of)
+
+        scorer = YesNoScorer(self.llm_engine.tokenizer)
+        ids = [scorer.prompt_ids(q, d, instruction) for q, d in pairs_of(text_1, text_2)]
+        prompts = [{"prompt_token_ids": p} for p in ids for _ in range(2)]
+        params = [scorer.params(t) for _ in ids for t in (scorer.yes_id, scorer.no_id)]
+        outs = self.generate(prompts, params, use_tqdm=use_tqdm)
+        result = []
+        for i, p in enumerate(ids):
+            yes, no = outs[2 * i], outs[2 * i + 1]
+            s = scorer.score(scorer.logprob_of(yes, scorer.yes_id),
+                             scorer.logprob_of(no, scorer.no_id))
+            result.append(ScoringRequestOutput(yes.request_id, p, ScoringOutput(s)))
+        return result
 
     # ------------------------------------------------------------------ beam search
     def beam_search(self, prompts, params: BeamSearchParams) -> list[BeamSearchOutput]:

@@ -248,13 +248,41 @@ class GrammarCompiler:
 
 
 class GrammarState:
-    """The matchers of one request's sequences (created on first use, n > 1 included)."""
+    """The matchers of one request's sequences (created on first use, n > 1 included).
 
-    def __init__(self, compiler: GrammarCompiler, compiled: CompiledGrammar):
+    With ``start_after`` (token ids) a sequence is free until they appear in its
+    output; the grammar constrains the tokens after their first occurrence."""
+
+    def __init__(self, compiler: GrammarCompiler, compiled: CompiledGrammar,
+                 start_after: Optional[Sequence[int]] = None):
         self.compiler = compiler
         self.compiled = compiled
         self._matchers: dict[str, list] = {}  # seq id -> [matcher, tokens consumed]
         self._failures: dict[str, str] = {}  # seq id -> an exception's message
+        self.start_after = list(start_after) if start_after else None
+        self._start: dict[str, int] = {}  # seq id -> output index the grammar starts at
+        self._scanned: dict[str, int] = {}  # seq id -> outputs searched for start_after
+
+    def _offset(self, seq_id: str, output_ids: Sequence[int]) -> Optional[int]:
+        """Where the constrained part of the output begins; None while still free."""
+        pat = self.start_after
+        if pat is None:
+            return 0
+        n, k = len(output_ids), len(pat)
+        off = self._start.get(seq_id)
+        if off is not None and off <= n:
+            return off
+        if off is not None:  # the marker was rolled back: free again
+            del self._start[seq_id]
+            self._matchers.pop(seq_id, None)
+        i = max(0, min(self._scanned.get(seq_id, 0), n) - k + 1)
+        while i + k <= n:
+            if list(output_ids[i:i + k]) == pat:
+                self._start[seq_id] = i + k
+                return i + k
+            i += 1
+        self._scanned[seq_id] = n
+        return None
 
     @property
     def open_mask(self) -> np.ndarray:
@@ -278,15 +306,24 @@ class GrammarState:
 
     def mask(self, seq_id: str, output_ids: Sequence[int], fork: bool = False) -> np.ndarray:
         """Next-token mask of a sequence (``fork``: a new n > 1 sample, no outputs yet)."""
-        if fork or (not output_ids and seq_id not in self._matchers):
+        if fork:
+            return self.compiler.valid_mask if self.start_after else self.compiled.first_mask
+        off = self._offset(seq_id, output_ids)
+        if off is None:
+            return self.compiler.valid_mask
+        output_ids = output_ids[off:] if off else output_ids
+        if not output_ids and seq_id not in self._matchers:
             return self.compiled.first_mask
         return self.compiler.fill_mask(self.sync(seq_id, output_ids))
 
     def advance(self, seq_id: str, output_ids: Sequence[int]) -> Optional[str]:
         """Consume the sequence's new tokens. Returns None while it may go on,
         'done' when the grammar is complete, 'error' if a token broke it."""
+        off = self._offset(seq_id, output_ids)
+        if off is None:
+            return None
         try:
-            m = self.sync(seq_id, output_ids)
+            m = self.sync(seq_id, output_ids[off:] if off else output_ids)
         except (ValueError, RuntimeError) as e:  # a token the matcher cannot take
             self._failures[seq_id] = str(e)
             return "error"
@@ -306,3 +343,5 @@ class GrammarState:
     def drop(self, seq_id: str) -> None:
         self._matchers.pop(seq_id, None)
         self._failures.pop(seq_id, None)
+        self._start.pop(seq_id, None)
+        self._scanned.pop(seq_id, None)

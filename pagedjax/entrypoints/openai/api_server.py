@@ -39,7 +39,9 @@ from pagedjax.entrypoints.openai.gate import GateConfig, ServerState, is_loopbac
 from pagedjax.entrypoints.openai.lora_routes import allowed_folders
 from pagedjax.entrypoints.openai.server_limits import add_reliability_args, sandbox_from_args
 from pagedjax.entrypoints.openai.slow_clients import protocol_class
+from pagedjax.entrypoints.openai.responses_store import ResponseStore
 from pagedjax.entrypoints.openai.tool_parsers import TOOL_PARSERS
+from pagedjax.entrypoints.reasoning import REASONING_PARSERS
 
 logger = logging.getLogger("pagedjax.server")
 
@@ -153,6 +155,13 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
                    help="how the model writes tool calls: hermes (<tool_call>{...}</tool_call>, "
                         "Qwen2.5) or llama3_json ({\"name\": .., \"parameters\": ..})")
     add_reliability_args(p)
+    p.add_argument("--reasoning-parser", default=None, choices=sorted(REASONING_PARSERS),
+                   help="split a reasoning model's <think> block into reasoning_content "
+                        "(qwen3, deepseek_r1); structured outputs then constrain the answer")
+    p.add_argument("--disable-response-store", action="store_true",
+                   help="keep no /v1/responses responses (no previous_response_id, GET, DELETE)")
+    p.add_argument("--max-stored-responses", type=int, default=1000,
+                   help="responses kept for previous_response_id (least recently used dropped)")
     EngineArgs.add_cli_args(p)
     # The server answers its first request while the rarer programs compile.
     p.set_defaults(background_compile=True)
@@ -170,7 +179,10 @@ def _app_config(ns: argparse.Namespace, names: list[str], metrics) -> AppConfig:
                      max_logprobs=ns.max_logprobs, template_time_limit_s=ns.chat_template_timeout,
                      allowed_origins=ns.allowed_origins, enable_test_hooks=ns.enable_test_hooks,
                      metrics=metrics,
-                     tool_call_parser=ns.tool_call_parser if ns.enable_auto_tool_choice else None)
+                     tool_call_parser=ns.tool_call_parser if ns.enable_auto_tool_choice else None,
+                     reasoning_parser=ns.reasoning_parser,
+                     response_store=ResponseStore(ns.max_stored_responses,
+                                                  enabled=not ns.disable_response_store))
 
 
 def run_server(ns: argparse.Namespace) -> int:

@@ -56,6 +56,8 @@ class AppConfig:
     lora_allowed_paths: tuple = ()  # resolved folders runtime loading may read from
     tool_call_parser: Optional[str] = None  # tool_choice "auto" answered with this parser
     live_stats: object = None  # engine.live_stats.LiveStats: the browser pages (None: no pages)
+    reasoning_parser: Optional[str] = None  # <think> blocks -> reasoning_content
+    response_store: object = None  # responses_store.ResponseStore (/v1/responses)
 
 
 def _body_schema(model_cls) -> dict:
@@ -73,7 +75,8 @@ def build_app(llm: AsyncLLM, config: AppConfig, state: Optional[ServerState] = N
     app = FastAPI(title="pagedjax OpenAI-compatible server", version=pagedjax.__version__)
     state = state or ServerState()
     serving = OpenAIServing(llm, config.served_model_names, config.max_logprobs,
-                            config.template_time_limit_s, config.tool_call_parser)
+                            config.template_time_limit_s, config.tool_call_parser,
+                            config.reasoning_parser)
     app.state.llm, app.state.serving, app.state.server = llm, serving, state
     engine = llm.engine
     loras = config.lora_registry or LoRARegistry(config.served_model_names[0],
@@ -174,6 +177,17 @@ def build_app(llm: AsyncLLM, config: AppConfig, state: Optional[ServerState] = N
     async def detokenize(request: Request):
         return await handle(request, DetokenizeRequest, tok.detokenize)
 
+    from pagedjax.entrypoints.openai.responses_routes import add_responses_routes
+    from pagedjax.entrypoints.openai.responses_store import ResponseStore
+
+    add_responses_routes(app, serving, handle, config.response_store or ResponseStore(),
+                         _body_schema, _POST_ERRORS)
+    from pagedjax.entrypoints.openai.messages_routes import add_messages_routes
+
+    add_messages_routes(app, serving, handle, _body_schema)
+    from pagedjax.entrypoints.openai.score_routes import add_score_routes
+
+    add_score_routes(app, serving, handle, _body_schema, _POST_ERRORS)
     if config.live_stats is not None:
         from pagedjax.entrypoints.openai.ui_routes import add_ui_routes
 
@@ -198,8 +212,13 @@ def _add_request_schemas(app: FastAPI) -> None:
             return app.openapi_schema
         doc = base_openapi()
         schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+        from pagedjax.entrypoints.openai.protocol_messages import MessagesRequest
+        from pagedjax.entrypoints.openai.protocol_responses import ResponsesRequest
+        from pagedjax.entrypoints.openai.serving_score import RerankRequest, ScoreRequest
+
         for cls in (CompletionRequest, ChatCompletionRequest, TokenizeRequest,
-                    DetokenizeRequest):
+                    DetokenizeRequest, ResponsesRequest, MessagesRequest, ScoreRequest,
+                    RerankRequest):
             s = cls.model_json_schema(ref_template="#/components/schemas/{model}",
                                       mode="validation")
             schemas.update(s.pop("$defs", {}))

@@ -136,7 +136,8 @@ def _tracer(deadline: float):
 
 def render_user_template(source: str, messages: list[dict], add_generation_prompt: bool,
                          special_tokens: dict, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
-                         tools: Optional[list[dict]] = None) -> str:
+                         tools: Optional[list[dict]] = None,
+                         template_kwargs: Optional[dict] = None) -> str:
     """Render an untrusted chat template; TemplateError (a ValueError) on any failure."""
     env = _make_env()
     try:
@@ -146,8 +147,8 @@ def render_user_template(source: str, messages: list[dict], add_generation_promp
     old = sys.gettrace()
     sys.settrace(_tracer(time.monotonic() + time_limit_s))
     try:
-        text = tmpl.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                           tools=tools, **special_tokens)
+        text = tmpl.render(**{**special_tokens, **(template_kwargs or {})}, messages=messages,
+                           add_generation_prompt=add_generation_prompt, tools=tools)
     except _Deadline:
         raise TemplateError(f"chat_template took longer than {time_limit_s:g} s to render; "
                             "simplify it") from None
@@ -164,9 +165,25 @@ def render_user_template(source: str, messages: list[dict], add_generation_promp
     return text
 
 
+RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "add_generation_prompt", "tools",
+                                      "chat_template", "tokenize", "conversation"})
+
+
+def check_template_kwargs(template_kwargs: Optional[dict]) -> dict:
+    """``chat_template_kwargs`` as extra template variables; ValueError for a name the
+    renderer sets itself."""
+    kw = dict(template_kwargs or {})
+    bad = sorted(RESERVED_TEMPLATE_KWARGS & set(kw))
+    if bad:
+        raise TemplateError(f"chat_template_kwargs may not set {bad}; those are given by "
+                            "the request's own fields")
+    return kw
+
+
 def render_chat_text(tokenizer, messages: list[dict], add_generation_prompt: bool,
                      chat_template: Optional[str], time_limit_s: float,
-                     tools: Optional[list[dict]] = None) -> str:
+                     tools: Optional[list[dict]] = None,
+                     template_kwargs: Optional[dict] = None) -> str:
     """The rendered chat prompt (worker pool). ValueError for anything the client caused.
 
     ``tools`` (OpenAI's tool list) reaches the template as ``tools``, as with
@@ -174,10 +191,12 @@ def render_chat_text(tokenizer, messages: list[dict], add_generation_prompt: boo
     mention them renders without them."""
     from pagedjax.engine.tokenizer import apply_chat_template
 
+    extra = check_template_kwargs(template_kwargs)  # e.g. {"enable_thinking": False}
     if chat_template is None:
         try:
             return apply_chat_template(tokenizer, messages, tokenize=False,
-                                       add_generation_prompt=add_generation_prompt, tools=tools)
+                                       add_generation_prompt=add_generation_prompt, tools=tools,
+                                       **extra)
         except ValueError:
             raise
         except Exception as e:  # noqa: BLE001 - the model's template rejects these messages
@@ -186,15 +205,16 @@ def render_chat_text(tokenizer, messages: list[dict], add_generation_prompt: boo
     special = {k: v for k, v in (tokenizer.special_tokens_map or {}).items()
                if isinstance(v, str)}
     return render_user_template(chat_template, messages, add_generation_prompt, special,
-                                time_limit_s, tools)
+                                time_limit_s, tools, extra)
 
 
 def render_chat_ids(tokenizer, messages: list[dict], add_generation_prompt: bool,
                     chat_template: Optional[str], time_limit_s: float,
                     tools: Optional[list[dict]] = None,
-                    add_special_tokens: bool = False) -> list[int]:
+                    add_special_tokens: bool = False,
+                    template_kwargs: Optional[dict] = None) -> list[int]:
     """Token ids of the rendered chat prompt (the template writes its own special
     tokens, so none are added unless ``add_special_tokens``)."""
     text = render_chat_text(tokenizer, messages, add_generation_prompt, chat_template,
-                            time_limit_s, tools)
+                            time_limit_s, tools, template_kwargs)
     return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))

@@ -107,12 +107,18 @@ class ChoiceTools:
 
     # ------------------------------------------------------------------ whole output
     def message(self, text: str) -> dict:
-        """The assistant message of a complete (non-streamed) output."""
+        """The assistant message of a complete (non-streamed) output. A required or
+        named choice cut short (``max_tokens``) keeps the calls written out in full;
+        with none, the text is given as content."""
         if self.parser is None:
             return {"role": "assistant", "content": text, "tool_calls": []}
         d = self.delta(text, final=True)
-        if isinstance(self.parser, RequiredCallsParser) and not self.parser.valid():
-            self.calls = []  # cut short (max_tokens): the text as it is
+        if isinstance(self.parser, RequiredCallsParser):
+            self.calls = self.calls[:self.parser.complete_calls()]
+        elif isinstance(self.parser, NamedCallParser) and self.calls:
+            self.calls = self.calls[:self.parser.complete_calls(
+                self.calls[0]["function"]["arguments"])]
+        if self.plan.constrained and not self.calls:
             return {"role": "assistant", "content": text, "tool_calls": []}
         return {"role": "assistant", "content": d.get("content") or None,
                 "tool_calls": self.calls}

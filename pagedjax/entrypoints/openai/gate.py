@@ -80,7 +80,8 @@ class Gate:
             return not self.config.open_metrics
         if path in DOCS_PATHS:
             return not self.config.open_docs
-        return path.startswith("/v1") or path in ("/tokenize", "/detokenize")
+        return path.startswith("/v1") or path in ("/tokenize", "/detokenize", "/score",
+                                                  "/rerank")
 
     def check(self, scope) -> None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1")
@@ -94,6 +95,8 @@ class Gate:
                                   "to serve it.", 403, code="host_not_allowed")
         if self._needs_key(scope.get("path", "")):
             scheme, _, token = headers.get("authorization", "").partition(" ")
+            if "x-api-key" in headers and not token:  # Anthropic-style clients
+                scheme, token = "bearer", headers["x-api-key"]
             if scheme.lower() != "bearer" or not hmac.compare_digest(
                     token.strip().encode("utf-8", "replace"), self.config.api_key.encode()):
                 raise OpenAIError("Incorrect or missing API key: send 'Authorization: Bearer "

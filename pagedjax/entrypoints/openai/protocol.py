@@ -107,6 +107,7 @@ class ChatCompletionRequest(_SamplingFields, ToolFields):
     top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
     chat_template: Optional[str] = Field(None, max_length=65536)
+    chat_template_kwargs: Optional[Annotated[dict[str, Any], Field(max_length=64)]] = None
 
 
 class ModelCard(_Base):

@@ -22,6 +22,7 @@ from pagedjax.entrypoints.openai.structured import (check_structured_outputs,
                                                     structured_outputs_of)
 from pagedjax.entrypoints.openai.tools import (ToolPlan, messages_for_template, plan_tools,
                                                tool_constraint)
+from pagedjax.entrypoints.reasoning.chat import ChatReasoning, ChoiceReasoning
 from pagedjax.sampling_params import RequestOutputKind, SamplingParams
 
 MAX_CHOICES = 256
@@ -41,9 +42,10 @@ def logit_bias_ids(bias: dict) -> dict:
 class OpenAIServing:
     def __init__(self, llm: AsyncLLM, served_model_names: list[str], max_logprobs: int = 20,
                  template_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
-                 tool_call_parser: Optional[str] = None):
+                 tool_call_parser: Optional[str] = None, reasoning_parser: Optional[str] = None):
         self.llm = llm
         self.tool_call_parser = tool_call_parser  # set: tool_choice "auto" is answered
+        self.reasoning_parser = reasoning_parser  # set: thinking goes to reasoning_content
         engine = llm.engine
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
@@ -67,6 +69,12 @@ class OpenAIServing:
     def _lora(self, model: str):
         """The LoRARequest of an adapter served under ``model``, else None (the base)."""
         return self.loras.get(model) if self.loras is not None else None
+
+    lora_of = _lora  # the public name, for the other endpoints
+
+    def check_prompt_length(self, n_prompt: int, what: str = "prompt") -> None:
+        """OpenAIError 400 when a prompt leaves no room for one output token."""
+        self._check_length(n_prompt, 1, what)
 
     def _decode(self, tid: int) -> str:
         return self.tokenizer.decode([int(tid)])
@@ -283,9 +291,12 @@ class OpenAIServing:
         try:
             return await self.llm.run_in_worker(
                 render_chat_ids, self.tokenizer, messages, req.add_generation_prompt,
-                req.chat_template, self.template_time_limit_s, tools, add_special_tokens)
+                req.chat_template, self.template_time_limit_s, tools, add_special_tokens,
+                getattr(req, "chat_template_kwargs", None))
         except ValueError as e:
             param = "chat_template" if req.chat_template is not None else "messages"
+            if "chat_template_kwargs" in str(e):
+                param = "chat_template_kwargs"
             raise OpenAIError(str(e), 400, param=param) from e
 
     async def _render_chat(self, req: ChatCompletionRequest, tools) -> dict:
@@ -308,6 +319,10 @@ class OpenAIServing:
         max_tokens = self._check_length(plen, mt, "messages")
         k = (req.top_logprobs or 0) if req.logprobs else None
         constraint, field = self._tool_constraint(req, plan)
+        reasoning = ChatReasoning(self.reasoning_parser, self.tokenizer,
+                                  prompt["prompt_token_ids"]) if self.reasoning_parser else None
+        if reasoning is not None:  # the constraint starts after the thinking
+            constraint = reasoning.constrain_after(constraint or structured_outputs_of(req)[0])
         params = self._params(req, max_tokens, k, aliases={"logprobs": "top_logprobs"},
                               structured=constraint)
         await check_structured_outputs(self.llm, params, field)
@@ -316,7 +331,7 @@ class OpenAIServing:
                         lora_request=self._lora(model))
         meta = dict(id=job.base_id, created=now(), model=model)
         if req.stream:
-            return self._chat_stream(job, req, plen, meta, k, plan)
+            return self._chat_stream(job, req, plen, meta, k, plan, reasoning)
         try:
             final = None
             async for _, out in job.outputs():
@@ -333,7 +348,11 @@ class OpenAIServing:
             lp = (fmt.chat_logprobs(o.token_ids, o.logprobs or [], k, self._decode)
                   if k is not None else None)
             tools = ChoiceTools(plan, self.tool_call_parser)
-            choices.append({"index": o.index, "message": tools.message(o.text),
+            thought, text = ChoiceReasoning(reasoning).split(o.text)
+            message = tools.message(text)
+            if reasoning is not None:
+                message["reasoning_content"] = thought
+            choices.append({"index": o.index, "message": message,
                             "logprobs": lp, "finish_reason": tools.finish_reason(o.finish_reason),
                             "stop_reason": o.stop_reason})
         n_out = sum(len(o.token_ids) for o in final.outputs)
@@ -353,9 +372,10 @@ class OpenAIServing:
         return tool_constraint(req, plan), "tools"
 
     async def _chat_stream(self, job: Job, req, plen: int, meta, k,
-                           plan: ToolPlan) -> AsyncIterator[str]:
+                           plan: ToolPlan, reasoning=None) -> AsyncIterator[str]:
         n_tokens: dict[int, int] = {}
         tools = {j: ChoiceTools(plan, self.tool_call_parser) for j in range(req.n)}
+        thoughts = {j: ChoiceReasoning(reasoning) for j in range(req.n)}
         include_usage, continuous = self._stream_flags(req)
         base = {**meta, "object": "chat.completion.chunk"}
         try:
@@ -369,11 +389,15 @@ class OpenAIServing:
                         n_tokens[o.index] = n_tokens.get(o.index, 0) + len(o.token_ids)
                         lp = (fmt.chat_logprobs(o.token_ids, o.logprobs or [], k, self._decode)
                               if k is not None else None)
-                        t = tools[o.index]
-                        delta = t.delta(o.text, final=o.finish_reason is not None)
+                        t, final = tools[o.index], o.finish_reason is not None
+                        thought, text = thoughts[o.index].delta(o.text, final)
+                        delta = t.delta(text, final=final)
+                        if thought:
+                            delta = {"reasoning_content": thought, **delta}
                         reason, stop_reason = fmt.openai_finish(o)
                         finish = t.finish_reason(reason)
-                        if t.active and not delta and finish is None and lp is None \
+                        held = t.active or reasoning is not None
+                        if held and not delta and finish is None and lp is None \
                                 and not continuous:
                             continue  # text held back by the tool parser
                         chunk = {**base, "choices": [{"index": o.index, "delta": delta,

@@ -16,6 +16,9 @@ NAME``.
   (an ``anyOf`` with one branch per tool, so the arguments follow the schema
   of the tool named).
 
+The parameter schemas are read with their objects closed (``closed_schema``)
+and the JSON is compact unless a schema's ``x-guidance`` asks otherwise.
+
 ``auto`` leaves the output free and a tool parser (``tool_parsers``) reads
 calls out of the model's text.
 """
@@ -28,6 +31,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pagedjax.entrypoints.openai.closed_schema import closed
 from pagedjax.entrypoints.openai.errors import OpenAIError, short
 from pagedjax.sampling_params import StructuredOutputsParams
 
@@ -86,7 +90,9 @@ class ToolPlan:
 
 
 def _parameters(tool: ChatTool) -> dict:
-    return tool.function.parameters if tool.function.parameters is not None else EMPTY_PARAMETERS
+    """The tool's parameter schema, its objects closed (``closed_schema``)."""
+    return closed(tool.function.parameters) if tool.function.parameters is not None \
+        else EMPTY_PARAMETERS
 
 
 def plan_tools(req: ToolFields, auto_enabled: bool) -> ToolPlan:
@@ -128,6 +134,10 @@ def tool_schema(req: ToolFields, plan: ToolPlan) -> Optional[dict]:
     schema = {"type": "array", "minItems": 1, "items": items}
     if req.parallel_tool_calls is False:
         schema["maxItems"] = 1
+    asked = [_parameters(t)["x-guidance"] for t in tools
+             if isinstance(_parameters(t).get("x-guidance"), dict)]
+    if asked:  # a tool's own formatting options (whitespace) govern the whole array
+        schema["x-guidance"] = asked[0]
     return schema
 
 
@@ -135,8 +145,8 @@ def tool_constraint(req: ToolFields, plan: ToolPlan) -> Optional[StructuredOutpu
     schema = tool_schema(req, plan)
     if schema is None:
         return None
-    try:
-        return StructuredOutputsParams(json=schema)
+    try:  # compact JSON; a schema's own "x-guidance" whitespace options still apply
+        return StructuredOutputsParams(json=schema, disable_any_whitespace=True)
     except ValueError as e:
         raise OpenAIError(f"the tools' parameter schemas cannot be used: {e}", 400,
                           param="tools") from e

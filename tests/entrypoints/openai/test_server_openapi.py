@@ -37,11 +37,12 @@ def clamp(body) -> None:
     """Keep the generation sizes of a valid body small (it stays valid)."""
     if not isinstance(body, dict):
         return
-    for key in ("max_tokens", "max_completion_tokens"):
+    keys = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+    for key in keys:
         if _is_int(body.get(key)) and body[key] > 2:
             body[key] = 2
-    if "max_tokens" not in body and "max_completion_tokens" not in body:
-        body["max_tokens"] = 2
+    if not any(k in body for k in keys):
+        body["max_output_tokens" if "input" in body else "max_tokens"] = 2
     if _is_int(body.get("min_tokens")) and 2 < body["min_tokens"]:
         body["min_tokens"] = 2
     for key in ("n", "best_of"):
@@ -76,7 +77,9 @@ def test_openapi_conformance(server, mode):
 
     ops = _operations(server)
     assert {"POST /v1/completions", "POST /v1/chat/completions", "GET /v1/models",
-            "GET /health", "GET /metrics"} <= set(ops)
+            "GET /health", "GET /metrics", "POST /v1/responses", "POST /v1/messages",
+            "GET /v1/responses/{response_id}", "DELETE /v1/responses/{response_id}",
+            "POST /score", "POST /rerank", "POST /v1/score", "POST /v1/rerank"} <= set(ops)
     auth = {"Authorization": f"Bearer {server.api_key}"}
     seen: dict[str, int] = {}
     for label, op in sorted(ops.items()):

@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
+from pagedjax.entrypoints.text_tags import held_back  # noqa: F401 - the parsers' helper
+
 Event = tuple[str, str]
 
 
@@ -37,14 +39,6 @@ class ToolParser:
     def parse(self, text: str) -> list[Event]:
         """All events of a complete output."""
         return self.feed(text) + self.finish()
-
-
-def held_back(buf: str, token: str) -> int:
-    """How many trailing characters of ``buf`` could be the start of ``token``."""
-    for k in range(min(len(buf), len(token) - 1), 0, -1):
-        if token.startswith(buf[-k:]):
-            return k
-    return 0
 
 
 def call_events(obj: Any, arg_keys: tuple[str, ...]) -> Optional[list[Event]]:

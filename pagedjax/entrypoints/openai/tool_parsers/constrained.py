@@ -38,6 +38,14 @@ class NamedCallParser(ToolParser):
     def finish(self) -> list[Event]:
         return []
 
+    def complete_calls(self, arguments: str) -> int:
+        """1 when the arguments written are a whole JSON value, else 0 (cut short)."""
+        try:
+            json.loads(arguments)
+        except ValueError:
+            return 0
+        return 1
+
 
 @dataclass
 class _Call:
@@ -47,6 +55,7 @@ class _Call:
     container: bool = False
     sent: int = 0  # characters of the arguments given out
     started: bool = False
+    closed: bool = False  # its object's closing brace was read
 
 
 class RequiredCallsParser(ToolParser):
@@ -80,6 +89,16 @@ class RequiredCallsParser(ToolParser):
         except ValueError:
             return False
 
+    def complete_calls(self) -> int:
+        """How many leading calls were written out in full (all of them when the
+        output is valid; fewer when ``max_tokens`` cut it inside a call)."""
+        n = 0
+        for call in self.calls:
+            if not (call.closed and call.name is not None and call.args_end is not None):
+                break
+            n += 1
+        return n
+
     def _step(self, i: int, c: str) -> None:
         if self.in_str:
             if self.esc:
@@ -106,6 +125,8 @@ class RequiredCallsParser(ToolParser):
                     and call.container and call.args_end is None:
                 call.args_end = i + 1
             self._end_primitive(call, i)
+            if call is not None and self.depth == 2 and c == "}":
+                call.closed = True
             self.depth -= 1
         elif c == ":" and self.depth == 2:
             self.value_key = self.key

@@ -1,0 +1,245 @@
+"""``pagedjax bench serve``: an online serving benchmark for any OpenAI-compatible server.
+
+    pagedjax bench serve --base-url http://127.0.0.1:8000 --num-prompts 100 \\
+        --request-rate 4 --random-input-len 256 --random-output-len 128
+    pagedjax bench serve --base-url http://127.0.0.1:8080 --endpoint /v1/chat/completions \\
+        --dataset-name sharegpt --dataset-path sharegpt.json --max-concurrency 8
+
+Requests stream from ``/v1/completions`` (or chat completions) at a Poisson
+rate (``--request-rate``, ``inf`` = all at once; ``--burstiness`` shapes the
+gaps as a gamma distribution, 1 = Poisson) and/or with at most
+``--max-concurrency`` in flight. ``ignore_eos`` (understood by pagedjax, vLLM
+and llama.cpp's server) holds each output to its length. Token counts come
+from the server's own ``usage``, so no tokenizer is needed. The report (vLLM's:
+throughput, TTFT, TPOT, ITL, E2EL percentiles, goodput under ``--goodput``
+SLOs) is printed as a table and written as JSON with ``--save-result``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from datetime import datetime
+from typing import Optional
+
+from pagedjax.benchmarks.serve_data import BenchRequest, random_requests, sharegpt_requests
+from pagedjax.benchmarks.serve_metrics import (METRICS, RequestResult, parse_goodput,
+                                               summarize, table)
+
+
+def add_cli_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--base-url", default=None, help="server root (default http://HOST:PORT)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--endpoint", default="/v1/completions",
+                   choices=["/v1/completions", "/v1/chat/completions"])
+    p.add_argument("--model", default=None, help="default: the first of GET /v1/models")
+    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"))
+    p.add_argument("--dataset-name", default="random", choices=["random", "sharegpt"])
+    p.add_argument("--dataset-path", default=None, help="ShareGPT JSON file")
+    p.add_argument("--num-prompts", type=int, default=100)
+    p.add_argument("--random-input-len", type=int, default=128)
+    p.add_argument("--random-output-len", type=int, default=64)
+    p.add_argument("--random-range-ratio", type=float, default=0.0)
+    p.add_argument("--sharegpt-output-len", type=int, default=None)
+    p.add_argument("--request-rate", type=float, default=float("inf"))
+    p.add_argument("--burstiness", type=float, default=1.0)
+    p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--goodput", nargs="+", default=None, metavar="METRIC:MS")
+    p.add_argument("--percentile-metrics", default="ttft,tpot,itl,e2el")
+    p.add_argument("--metric-percentiles", default="99")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    p.add_argument("--label", default=None, help="name of this server in the report")
+    p.add_argument("--save-result", action="store_true")
+    p.add_argument("--result-dir", default=".")
+    p.add_argument("--result-filename", default=None)
+    p.add_argument("--disable-tqdm", action="store_true")
+
+
+def _body(ns, model: str, req: BenchRequest) -> dict:
+    body = {"model": model, "max_tokens": req.output_len, "temperature": ns.temperature,
+            "stream": True, "stream_options": {"include_usage": True}}
+    if ns.ignore_eos:
+        body["ignore_eos"] = True
+    if ns.endpoint.endswith("chat/completions"):
+        body["messages"] = [{"role": "user", "content": req.prompt}]
+    else:
+        body["prompt"] = req.prompt
+    return body
+
+
+def _piece(chunk: dict) -> str:
+    for c in chunk.get("choices") or []:
+        d = c.get("delta")
+        text = (d.get("content") or d.get("reasoning_content") or "") if d else c.get("text")
+        if text:
+            return text
+    return ""
+
+
+async def one_request(client, url: str, headers: dict, body: dict, timeout: float
+                      ) -> RequestResult:
+    r = RequestResult()
+    t0 = time.perf_counter()
+    last, chunks = None, 0
+    try:
+        async with client.stream("POST", url, json=body, headers=headers,
+                                 timeout=timeout) as resp:
+            if resp.status_code != 200:
+                r.error = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
+                return r
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    r.error = str(chunk["error"])[:200]
+                    return r
+                now = time.perf_counter()
+                if _piece(chunk):
+                    if last is None:
+                        r.ttft = now - t0
+                    else:
+                        r.itl.append(now - last)
+                    last, chunks = now, chunks + 1
+                u = chunk.get("usage")
+                if u:
+                    r.prompt_len, r.output_len = u["prompt_tokens"], u["completion_tokens"]
+    except Exception as e:  # noqa: BLE001 - a failed request is counted, not fatal
+        r.error = f"{type(e).__name__}: {e}"[:200]
+        return r
+    r.e2el = time.perf_counter() - t0
+    r.output_len = r.output_len or chunks
+    r.ok = last is not None
+    if not r.ok:
+        r.error = "no tokens in the stream"
+    return r
+
+
+async def _arrivals(n: int, rate: float, burstiness: float, seed: int):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        yield i
+        if rate != float("inf") and i + 1 < n:
+            theta = 1.0 / (rate * burstiness)
+            await asyncio.sleep(float(rng.gamma(burstiness, theta)))
+
+
+async def run(ns, model: str, requests: list[BenchRequest]) -> tuple[list[RequestResult], float]:
+    import httpx
+    from tqdm.auto import tqdm
+
+    url = ns.base_url.rstrip("/") + ns.endpoint
+    headers = {"Authorization": f"Bearer {ns.api_key}"} if ns.api_key else {}
+    sem = asyncio.Semaphore(ns.max_concurrency) if ns.max_concurrency else None
+    bar = tqdm(total=len(requests), desc="bench serve", disable=ns.disable_tqdm)
+    results: list[Optional[RequestResult]] = [None] * len(requests)
+    limits = httpx.Limits(max_connections=ns.max_concurrency or len(requests) or 1)
+
+    async with httpx.AsyncClient(limits=limits, timeout=ns.timeout) as client:
+        async def task(i: int):
+            if sem is not None:
+                async with sem:
+                    results[i] = await one_request(client, url, headers,
+                                                   _body(ns, model, requests[i]), ns.timeout)
+            else:
+                results[i] = await one_request(client, url, headers,
+                                               _body(ns, model, requests[i]), ns.timeout)
+            bar.update(1)
+
+        t0 = time.perf_counter()
+        tasks = [asyncio.create_task(task(i)) async for i in
+                 _arrivals(len(requests), ns.request_rate, ns.burstiness, ns.seed)]
+        await asyncio.gather(*tasks)
+        duration = time.perf_counter() - t0
+    bar.close()
+    return [r for r in results if r is not None], duration
+
+
+def first_model(base_url: str, api_key: Optional[str]) -> str:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    r = httpx.get(base_url.rstrip("/") + "/v1/models", headers=headers, timeout=30.0)
+    r.raise_for_status()
+    return r.json()["data"][0]["id"]
+
+
+def check_args(ns) -> None:
+    if ns.num_prompts < 1:
+        raise ValueError("--num-prompts must be >= 1")
+    if not ns.request_rate > 0:
+        raise ValueError("--request-rate must be > 0 (inf: all at once)")
+    if ns.burstiness <= 0:
+        raise ValueError("--burstiness must be > 0")
+    if ns.max_concurrency is not None and ns.max_concurrency < 1:
+        raise ValueError("--max-concurrency must be >= 1")
+    if ns.dataset_name == "sharegpt" and not ns.dataset_path:
+        raise ValueError("--dataset-name sharegpt needs --dataset-path")
+    bad = set(ns.percentile_metrics.split(",")) - set(METRICS)
+    if bad:
+        raise ValueError(f"--percentile-metrics: unknown {sorted(bad)}; use {sorted(METRICS)}")
+
+
+def benchmark(ns) -> dict:
+    """Run the benchmark of ``ns`` (parsed options); the report as a dict."""
+    check_args(ns)
+    slos = parse_goodput(ns.goodput)
+    percentiles = [float(p) for p in ns.metric_percentiles.split(",")]
+    ns.base_url = ns.base_url or f"http://{ns.host}:{ns.port}"
+    model = ns.model or first_model(ns.base_url, ns.api_key)
+    if ns.dataset_name == "random":
+        reqs = random_requests(ns.num_prompts, ns.random_input_len, ns.random_output_len,
+                               ns.random_range_ratio, ns.seed)
+    else:
+        reqs = sharegpt_requests(ns.dataset_path, ns.num_prompts, ns.seed,
+                                 ns.sharegpt_output_len)
+    results, duration = asyncio.run(run(ns, model, reqs))
+    rep = summarize(results, duration, percentiles, slos)
+    rep.update(date=datetime.now().strftime("%Y%m%d-%H%M%S"), base_url=ns.base_url,
+               endpoint=ns.endpoint, model=model, label=ns.label or ns.base_url,
+               num_prompts=ns.num_prompts, dataset=ns.dataset_name,
+               request_rate=ns.request_rate if ns.request_rate != float("inf") else "inf",
+               burstiness=ns.burstiness, max_concurrency=ns.max_concurrency, goodput_slos=slos,
+               input_lens=[r.prompt_len for r in results], output_lens=[r.output_len
+                                                                        for r in results],
+               ttfts=[r.ttft for r in results], e2els=[r.e2el for r in results])
+    metrics = [m for m in ns.percentile_metrics.split(",") if m]
+    print(table(rep, metrics, percentiles, f"Serving Benchmark Result ({rep['label']})"))
+    if ns.save_result:
+        name = ns.result_filename or f"bench-serve-{model.replace('/', '_')}-{rep['date']}.json"
+        path = os.path.join(ns.result_dir, name)
+        os.makedirs(ns.result_dir, exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(rep, f, indent=1)
+        print(f"wrote {path}")
+    return rep
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="pagedjax bench serve", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_cli_args(p)
+    ns = p.parse_args(argv)
+    try:
+        benchmark(ns)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

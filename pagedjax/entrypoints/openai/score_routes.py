@@ -1,0 +1,28 @@
+"""Routes ``/score`` and ``/rerank`` (and their ``/v1`` names), registered by
+``app.build_app``; errors in OpenAI's shape, as vLLM answers them."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+
+from pagedjax.entrypoints.openai.serving_score import (RerankRequest, RerankResponse,
+                                                       ScoreRequest, ScoreResponse,
+                                                       ScoreServing)
+
+
+def add_score_routes(app: FastAPI, serving, handle, body_schema, post_errors: dict) -> None:
+    ss = ScoreServing(serving)
+
+    for path in ("/score", "/v1/score"):
+        @app.post(path, openapi_extra=body_schema(ScoreRequest),
+                  operation_id="score_" + path.strip("/").replace("/", "_"),
+                  responses={200: {"model": ScoreResponse}, **post_errors})
+        async def score(request: Request):
+            return await handle(request, ScoreRequest, ss.score)
+
+    for path in ("/rerank", "/v1/rerank"):
+        @app.post(path, openapi_extra=body_schema(RerankRequest),
+                  operation_id="rerank_" + path.strip("/").replace("/", "_"),
+                  responses={200: {"model": RerankResponse}, **post_errors})
+        async def rerank(request: Request):
+            return await handle(request, RerankRequest, ss.rerank)
