@@ -1,6 +1,6 @@
 """Builds the C++ CPU kernels with the system compiler and registers them with XLA.
 
-Each source beside this file (attention.cc, matmul.cc, qmatmul.cc,
+Each source beside this file (attention.cc, matmul.cc, qmatmul.cc, blockmatmul.cc,
 sampler.cc, with the shared headers *.h) is its own shared
 library, compiled on first use with the system C++ compiler (``$CXX``, else
 ``g++``/``c++``/``clang++``) against the FFI headers jaxlib ships -- first for

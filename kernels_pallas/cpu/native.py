@@ -11,7 +11,8 @@ XLA (pure jnp) path; set ``PAGEDJAX_CPU_NATIVE=0`` to force that.
 float32, bfloat16, int8 or float8_e4m3fn (with scales), head_dim a multiple of
 8. Other cases run the reference. ``matmul``: float32 ``x @ w`` (or
 ``x @ w.T``); the models use it for steps of few tokens (models/layers.py).
-Its int8-weight variant is ``qmatmul.py``, a library of its own.
+The quantized-weight variants are ``qmatmul.py`` (int8 per channel) and
+``blockmatmul.py`` (GGUF blocks), libraries of their own.
 """
 
 from __future__ import annotations
