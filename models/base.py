@@ -56,6 +56,10 @@ class ExecutionPlan:
                         C++ CPU kernel (pagedjax.kernels_pallas.cpu.native.matmul), and
                         their products with int8 weights the C++ int8 kernel
                         (pagedjax.kernels_pallas.cpu.qmatmul) on one device; 0: never
+    block_matmul_rows   matmuls with GGUF block-quantized weights (q8_0, q4_0, q4_1,
+                        q4_k, q6_k) and at most this many float32 rows run the C++
+                        block kernel (pagedjax.kernels_pallas.cpu.blockmatmul) on one
+                        device; 0: never (they dequantize in jnp)
     mesh, tp_axis       tensor parallelism: the custom kernels (everything but
                         "xla") run per device through shard_map over KV heads
     attention_fn        replaces kernels_pallas.ragged_paged_attention (same
@@ -68,6 +72,7 @@ class ExecutionPlan:
 
     attn_backend: str = "xla"
     native_matmul_rows: int = 0
+    block_matmul_rows: int = 0
     mesh: Any = None  # jax.sharding.Mesh | None
     tp_axis: str = "tp"
     attention_fn: Callable | None = None

@@ -172,6 +172,28 @@ def int8_matmul(x: jax.Array, q: jax.Array, scale: jax.Array, *,
     return y.reshape(x.shape[0], *q.shape[1:])
 
 
+def native_block(x: jax.Array, plan: ExecutionPlan) -> bool:
+    """Whether ``x``'s product with a GGUF block-quantized weight runs in the C++ block
+    kernel: at most ``plan.block_matmul_rows`` float32 rows, on one device."""
+    return (plan.mesh is None and 0 < x.shape[0] <= plan.block_matmul_rows
+            and x.dtype == jnp.dtype(jnp.float32))
+
+
+def block_matmul(x: jax.Array, kind: str, comps: dict, *, transposed: bool = False) -> jax.Array:
+    """``x [T, In] @ W [In, ...Out]`` for W given by GGUF block components quantized
+    along In (models/quant.py) in the C++ block kernel
+    (kernels_pallas/cpu/blockmatmul.cc), or ``x @ W[Out, In].T`` when ``transposed``
+    (the tied LM head, quantized along its last axis) -> ``[T, ...Out]``."""
+    from pagedjax.kernels_pallas.cpu import blockmatmul as cpu_blockmatmul
+
+    if transposed:
+        return cpu_blockmatmul.blockmatmul(kind, comps, x, transposed=True)
+    out_shape = comps[next(iter(comps))].shape[1:]
+    flat = {k: v.reshape(v.shape[0], -1) for k, v in comps.items()}
+    y = cpu_blockmatmul.blockmatmul(kind, flat, x)
+    return y.reshape(x.shape[0], *out_shape)
+
+
 def matmul(x: jax.Array, w: jax.Array, plan: ExecutionPlan = DEFAULT_PLAN, *,
            transposed: bool = False) -> jax.Array:
     """``x [T, In] @ w [In, ...Out]`` -> ``[T, ...Out]``, or ``x @ w[Out, In].T``

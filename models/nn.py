@@ -69,13 +69,17 @@ def weight_value(w, dtype) -> jax.Array:
 def qmatmul(x: jax.Array, w, plan: ExecutionPlan) -> jax.Array:
     """``x [T, In] @ w [In, ...Out]`` for a float or quantized weight ([T, ...Out])."""
     # int8 in the C++ kernel where the plan runs float32 matmuls of these rows there (the
-    # weight read as int8, never widened in memory). Otherwise dequantized chunk by chunk
+    # weight read as int8, never widened in memory); GGUF blocks in the C++ block kernel
+    # for the rows the plan sends there (widened in registers). Otherwise dequantized chunk by chunk
     # on one device for steps of few rows; whole for many rows (one dequantization then
     # serves them all) and under tensor parallelism (a scan over a sharded In axis would
     # make GSPMD gather the weight).
     if isinstance(w, QuantizedWeight) and w.kind == "int8" and L.native_int8(x, plan):
         c = w.components()
         return L.int8_matmul(x, c["q"], c["scale"])
+    if isinstance(w, QuantizedWeight) and w.kind in Q.GGUF_KINDS.values() and \
+            L.native_block(x, plan):
+        return L.block_matmul(x, w.kind, w.components())
     if isinstance(w, QuantizedWeight) and Q.chunked(x.shape[0], plan.mesh):
         return Q.chunked_matmul(w.kind, w.components(), x, lambda a, b: L.matmul(a, b, plan))
     if isinstance(w, QuantizedWeight) and w.kind == "int8":  # scale after the matmul
@@ -127,6 +131,9 @@ class Embed(nnx.Module):
         if isinstance(w, QuantizedWeight) and w.kind == "int8" and L.native_int8(x, plan):
             c = w.components()
             return L.int8_matmul(x, c["q"], c["scale"], transposed=True)
+        if isinstance(w, QuantizedWeight) and w.kind in Q.GGUF_KINDS.values() and \
+                L.native_block(x, plan):
+            return L.block_matmul(x, w.kind, w.components(), transposed=True)
         if isinstance(w, QuantizedWeight) and Q.chunked(x.shape[0], plan.mesh):  # vocab chunks
             return Q.chunked_matmul_t(w.kind, w.components(), x,
                                       lambda a, b: L.matmul(a, b, plan, transposed=True))

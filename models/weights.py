@@ -17,7 +17,7 @@ from pagedjax.models import nn
 from pagedjax.models import quant as Q
 from pagedjax.models.runtime import CausalLM, path_str
 
-QUANTIZATION_CHOICES = (None, "int8", "gguf")
+QUANTIZATION_CHOICES = (None, "none", "int8", "gguf")
 
 
 def _node(model: CausalLM, path: tuple):
@@ -30,13 +30,13 @@ def _node(model: CausalLM, path: tuple):
 def choose_quantization(model: CausalLM, ckpt, quantization: str | None) -> dict[tuple, str]:
     """Path -> kind of every weight to keep quantized.
 
-    None: nothing (GGUF blocks are dequantized at load). "int8": every Linear
+    None or "none": nothing (GGUF blocks are dequantized at load). "int8": every Linear
     kernel and embedding table, per channel. "gguf": each weight stored in a
     GGUF block format we keep (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) stays in it.
     """
     if quantization not in QUANTIZATION_CHOICES:
         raise ValueError(f"quantization: {quantization!r} is not one of {QUANTIZATION_CHOICES}")
-    if quantization is None:
+    if quantization in (None, "none"):
         return {}
     wmap = model.weight_map()
     table = nn.quantizable(model.abstract)

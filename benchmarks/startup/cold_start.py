@@ -91,7 +91,7 @@ def child(max_tokens: int, workers: int | None, model: str | None, max_num_seqs:
             and durations.append(d))
 
     ph.run("import", imports)
-    from pagedjax.kernels_pallas.cpu import matmul_rows as cpu_matmul_rows, native as cpu_native
+    from pagedjax.kernels_pallas.cpu import build as cpu_build, matmul_rows as cpu_matmul_rows
     from pagedjax import LLM, SamplingParams
 
     llm = ph.run("load", lambda: LLM(model, max_num_seqs=max_num_seqs))
@@ -103,7 +103,7 @@ def child(max_tokens: int, workers: int | None, model: str | None, max_num_seqs:
               SamplingParams(temperature=0.8, top_p=0.95, max_tokens=max_tokens, seed=0),
               SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=5)]
     outs = ph.run("generate", lambda: llm.generate(prompts, params, use_tqdm=False))
-    info = {n: cpu_native.build_info(n) for n in ("cpu_kernels", "cpu_sampler")}
+    info = {n: cpu_build.build_info(n) for n in ("cpu_kernels", "cpu_sampler")}
     return {"phases": ph.rows, "native_matmul_rows": cpu_matmul_rows.native_matmul_rows(),
             "builds": {n: i and {"flags": i["flags"], "seconds": i["seconds"],
                                  "cached": i["cached"],

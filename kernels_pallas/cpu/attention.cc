@@ -22,20 +22,16 @@
 // ahead (so the next item's first keys can be prefetched).
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
-#include <thread>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define PAGEDJAX_AVX2 1
-#endif
-
 #include "attention_avx2.h"
+#include "convert.h"
+#include "isa.h"
+#include "parallel.h"
 #include "simd.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -54,75 +50,10 @@ inline float hsum8(v8f v) {
   return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
 }
 
-inline float bf16_to_f32(uint16_t h) {
-  uint32_t u = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline uint16_t f32_to_bf16(float f) {  // round to nearest even
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);  // NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
-
-struct Fp8Table {  // float8_e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa; no inf
-  float v[256];
-  Fp8Table() {
-    for (int i = 0; i < 256; ++i) {
-      int s = i >> 7, e = (i >> 3) & 15, m = i & 7;
-      float x;
-      if (e == 15 && m == 7) x = NAN;
-      else if (e == 0) x = std::ldexp(float(m) / 8.0f, -6);
-      else x = std::ldexp(1.0f + float(m) / 8.0f, e - 7);
-      v[i] = s ? -x : x;
-    }
-  }
-};
-const Fp8Table kFp8;
-
-// The same values as kFp8.v[b] (bit for bit: PagedjaxSelfTest checks all 256)
-// without a table lookup, so that a loop of it vectorizes: a normal number's
-// exponent and mantissa move into float32's fields (bias 7 -> 127), a
-// subnormal is m * 2^-9, 0x7f is NaN; the sign bit is copied.
-inline float fp8_to_f32(uint8_t b) {
-  const uint32_t mag = b & 0x7fu;
-  const float sub = float(int32_t(mag)) * 0x1p-9f;  // exact for m < 8
-  const uint32_t normal = (mag << 20) + (120u << 23);
-  uint32_t bits;
-  std::memcpy(&bits, &sub, 4);
-  bits = mag < 8 ? bits : normal;
-  bits = mag == 0x7fu ? 0x7fc00000u : bits;
-  bits |= uint32_t(b & 0x80u) << 24;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-// out[d] = fp8_to_f32(src[d]) * scale, 8 at a time with AVX2 (the same steps).
-void widen_fp8_row(const uint8_t* src, float scale, int64_t n, float* out) {
-  int64_t d = 0;
-#ifdef PAGEDJAX_AVX2
-  const __m256 vscale = _mm256_set1_ps(scale), tiny = _mm256_set1_ps(0x1p-9f);
-  const __m256i m7f = _mm256_set1_epi32(0x7f), bias = _mm256_set1_epi32(120 << 23);
-  const __m256i eight = _mm256_set1_epi32(8), qnan = _mm256_set1_epi32(0x7fc00000);
-  const __m256i m80 = _mm256_set1_epi32(0x80);
-  for (; d + 8 <= n; d += 8) {
-    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + d)));
-    const __m256i mag = _mm256_and_si256(b, m7f);
-    const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(mag), tiny);
-    const __m256i normal = _mm256_add_epi32(_mm256_slli_epi32(mag, 20), bias);
-    __m256i bits = _mm256_blendv_epi8(normal, _mm256_castps_si256(sub),
-                                      _mm256_cmpgt_epi32(eight, mag));
-    bits = _mm256_blendv_epi8(bits, qnan, _mm256_cmpeq_epi32(mag, m7f));
-    bits = _mm256_or_si256(bits, _mm256_slli_epi32(_mm256_and_si256(b, m80), 24));
-    _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_castsi256_ps(bits), vscale));
-  }
-#endif
-  for (; d < n; ++d) out[d] = fp8_to_f32(src[d]) * scale;
-}
+using pagedjax_convert::bf16_to_f32;
+using pagedjax_convert::f32_to_bf16;
+using pagedjax_convert::kFp8;
+using pagedjax_convert::widen_fp8_row;
 
 // exp(x) for x <= 0 (a softmax argument); 0 below -87. Polynomial for 2^f on
 // [0, 1), relative error ~2e-7. Written so the compiler vectorizes a loop of it.
@@ -509,23 +440,20 @@ void run_item(const Problem& pr, const Item& it, Scratch& w, const Item* after) 
   }
 }
 
-struct Work {
+struct Work : pagedjax_parallel::Tasks {  // one task per item
   Problem pr;
   std::vector<Item> items;
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> done{0};
 
   // Items are claimed one ahead, so that the next one's keys can be
   // prefetched while this one finishes.
   void run() {
-    const int64_t n_items = int64_t(items.size());
-    int64_t i = next.fetch_add(1, std::memory_order_relaxed);
-    if (i >= n_items) return;
+    int64_t i = claim();
+    if (i < 0) return;
     auto w = std::make_unique<Scratch>(pr.D);
-    while (i < n_items) {
-      const int64_t after = next.fetch_add(1, std::memory_order_relaxed);
-      run_item(pr, items[i], *w, after < n_items ? &items[after] : nullptr);
-      done.fetch_add(1, std::memory_order_release);
+    while (i >= 0) {
+      const int64_t after = claim();
+      run_item(pr, items[i], *w, after >= 0 ? &items[after] : nullptr);
+      finish();
       i = after;
     }
   }
@@ -613,28 +541,23 @@ ffi::Error Impl(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer kv_pages,
   }
   std::stable_sort(work->items.begin(), work->items.end(),
                    [](const Item& a, const Item& b) { return a.cost > b.cost; });
-  const int64_t n_items = int64_t(work->items.size());
+  work->n_tasks = int64_t(work->items.size());
   int64_t total_cost = 0;
   for (const Item& it : work->items) total_cost += it.cost;
   // Helpers only when there is enough work to pay for waking a thread.
-  int64_t helpers = std::min<int64_t>(pool.num_threads(), n_items) - 1;
-  if (total_cost * pr.G * pr.D < (1 << 16)) helpers = 0;
-  for (int64_t k = 0; k < helpers; ++k) pool.Schedule([work] { work->run(); });
-  work->run();
-  // Every unfinished item is held by a running helper; wait for those.
-  while (work->done.load(std::memory_order_acquire) < n_items) std::this_thread::yield();
+  pagedjax_parallel::run_on_pool(work, pool, total_cost * pr.G * pr.D >= (1 << 16));
   return ffi::Error::Success();
 }
 
 }  // namespace
 
-// Run once in a child process right after a build (kernels_pallas/cpu/native.py):
+// Run once in a child process right after a build (kernels_pallas/cpu/build.py):
 // executes the vectorized paths this build was compiled with, so an instruction
 // the CPU or the OS does not support kills the child, not the user's process.
 // 0 when every result matches a plain loop.
 extern "C" int PagedjaxSelfTest() {
   int bad = 0;
-  bad |= pagedjax_simd::avx512_self_test();  // -march=native may have turned AVX-512 on
+  bad |= pagedjax_isa::avx512_self_test();  // -march=native may have turned AVX-512 on
   {  // fp8 widening (the vector path and the scalar tail): the table's bits exactly
     uint8_t codes[259];
     float wide[259];

@@ -1,5 +1,5 @@
 // The register tiles of the C++ attention kernel's AVX2 + FMA path
-// (cpu_native.cc's fold_chunk_avx2): scores Q.K^T and the update acc += P.V
+// (attention.cc's fold_chunk_avx2): scores Q.K^T and the update acc += P.V
 // for a group of up to kQB query vectors, reading key and value rows straight
 // from the page pool (f32, or bf16 widened in registers) or from a widened
 // chunk (int8 / fp8 pages). Each key or value row is loaded once per group,
@@ -11,7 +11,7 @@
 // next chunk of this item, or the first chunk of the next item this thread
 // runs) are prefetched into L2, a few rows per key block, so that the loads
 // of memory overlap the arithmetic instead of stalling it chunk by chunk.
-// Included by cpu_native.cc (its cache key covers this header).
+// Included by attention.cc (its cache key covers this header).
 #pragma once
 
 #if defined(__AVX2__) && defined(__FMA__)

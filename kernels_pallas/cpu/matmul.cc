@@ -1,23 +1,18 @@
 // Few-row float32 matmuls for the CPU, called from XLA through the FFI
-// (kernels_pallas/cpu/native.py: ``matmul``; built and cached like the
-// attention kernel in cpu_native.cc, as its own library).
+// (kernels_pallas/cpu/native.py: ``matmul``; built and cached by build.py like the
+// attention kernel, as its own library).
 //
 //   x f32[M, K], w f32[K, N] (or f32[N, K] with transposed=1) -> y f32[M, N]
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
-#include <thread>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define PAGEDJAX_AVX2 1
-#endif
-
+#include "isa.h"
+#include "parallel.h"
 #include "simd.h"
 #include "tile.h"
 #include "xla/ffi/api/ffi.h"
@@ -46,15 +41,12 @@ constexpr int64_t kKC = 8;     // w rows per pass (w [K, N])
 using pagedjax_simd::hsum8x8;
 #endif
 
-struct MatmulWork {
+struct MatmulWork : pagedjax_parallel::Tasks {
   const float* x;
   const float* w;
   float* y;
   int64_t M, K, N;
   bool transposed;
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> done{0};
-  int64_t n_tasks;
   int64_t parts = 1;              // w [K, N]: K split into this many contiguous parts
   std::vector<float> partial;     // parts 1.. write here; part 0 writes y
   bool packed = false;            // w [K, N] with more than kMG rows: block_packed
@@ -62,9 +54,9 @@ struct MatmulWork {
 };
 
 #ifdef PAGEDJAX_AVX2
-// The 6 x 16 register tile (cpu_tile.h, shared with the int8 matmul). Each output
+// The 6 x 16 register tile (tile.h, shared with the int8 matmul). Each output
 // is one FMA chain over k in order, so the AVX-512 version (one 16-lane register
-// per row, used where the build targets AVX-512, see cpu_native.py) gives the
+// per row, used where the build targets AVX-512, see build.py) gives the
 // same bits as the AVX2 one (two 8-lane registers per row).
 using pagedjax_tile::tile_rows;
 #endif
@@ -195,9 +187,7 @@ void block_nt(const MatmulWork& mw, int64_t n0, int64_t n1) {
 
 void MatmulWork::run() {
   std::vector<float> pack;
-  for (;;) {
-    const int64_t t = next.fetch_add(1, std::memory_order_relaxed);
-    if (t >= n_tasks) return;
+  for (int64_t t; (t = claim()) >= 0; finish()) {
     if (packed) {
       if (pack.empty()) pack.resize(kPKC * kPNC);
       block_packed(*this, t * kPNC, std::min(N, (t + 1) * kPNC), pack.data());
@@ -208,7 +198,6 @@ void MatmulWork::run() {
       float* out = t == 0 ? y : partial.data() + (t - 1) * M * N;
       part_nn(*this, t * per, std::min(K, (t + 1) * per), out);
     }
-    done.fetch_add(1, std::memory_order_release);
   }
 }
 
@@ -247,11 +236,7 @@ ffi::Error MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
     std::memset(work->y, 0, sizeof(float) * M * N);
     return ffi::Error::Success();
   }
-  int64_t helpers = std::min<int64_t>(pool.num_threads(), work->n_tasks) - 1;
-  if (M * K * N < (1 << 16)) helpers = 0;
-  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([work] { work->run(); });
-  work->run();
-  while (work->done.load(std::memory_order_acquire) < work->n_tasks) std::this_thread::yield();
+  pagedjax_parallel::run_on_pool(work, pool, M * K * N >= (1 << 16));
   float* yp = work->y;
   for (int64_t p = 1; p < work->parts; ++p) {
     const float* src = work->partial.data() + (p - 1) * M * N;
@@ -297,7 +282,7 @@ int self_test_matmul(int64_t M, int64_t K, int64_t N, bool transposed) {
 
 }  // namespace
 
-// Run once in a child process right after a build (kernels_pallas/cpu/native.py):
+// Run once in a child process right after a build (kernels_pallas/cpu/build.py):
 // executes the vectorized paths this build was compiled with, so an instruction
 // the CPU or the OS does not support kills the child, not the user's process.
 // 0 when every result matches a plain loop.
@@ -306,19 +291,13 @@ extern "C" int PagedjaxSelfTest() {
   bad |= self_test_matmul(3, 40, 37, false);    // few rows: K parts, 16-column tiles
   bad |= self_test_matmul(12, 300, 70, false);  // packed blocks
   bad |= self_test_matmul(5, 64, 9, true);      // w [N, K]
-  bad |= pagedjax_simd::avx512_self_test();  // -march=native may have turned AVX-512 on
+  bad |= pagedjax_isa::avx512_self_test();  // -march=native may have turned AVX-512 on
   return bad;
 }
 
 // 1 when the matmul has its vectorized paths (x86-64 with AVX2 + FMA); the
 // portable fallback is scalar, and the runner then keeps XLA's matmuls.
-extern "C" int PagedjaxFastMatmul() {
-#ifdef PAGEDJAX_AVX2
-  return 1;
-#else
-  return 0;
-#endif
-}
+extern "C" int PagedjaxFastMatmul() { return pagedjax_isa::vectorized(); }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PagedjaxMatmul, MatmulImpl,
                               ffi::Ffi::Bind()

@@ -162,9 +162,9 @@ def native_matmul_rows() -> int:
     global _chosen
     with _lock:
         if _chosen is None:
-            from pagedjax.kernels_pallas.cpu import native as cpu_native
+            from pagedjax.kernels_pallas.cpu import build as cpu_build, native as cpu_native
 
-            info = cpu_native.build_info("cpu_matmul") if cpu_native.fast_matmul() else None
+            info = cpu_build.build_info("cpu_matmul") if cpu_native.fast_matmul() else None
             _chosen = decide(info["so"] if info else None)
         return _chosen
 

@@ -13,7 +13,7 @@
 // 8; portable: a plain loop), which every row of x then reuses; the sums are
 // f32 FMA chains, the scale multiplies each output once at the end.
 //
-// Work split, as in cpu_matmul.cc's float32 few-row matmul: q [K, N] is split
+// Work split, as in matmul.cc's float32 few-row matmul: q [K, N] is split
 // along K into one contiguous part per thread of XLA's intra-op pool (partial
 // sums added at the end), each part read kKC rows at a time (kKC sequential
 // streams), 6 x 16 register tiles (up to 6 rows of x: each 16-column strip
@@ -25,20 +25,15 @@
 // does not depend on the batch.
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
-#include <thread>
 #include <utility>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define PAGEDJAX_AVX2 1
-#endif
-
+#include "isa.h"
+#include "parallel.h"
 #include "simd.h"
 #include "tile.h"
 #include "xla/ffi/api/ffi.h"
@@ -68,16 +63,13 @@ inline void widen(const int8_t* src, int64_t n, float* dst) {
   for (; i < n; ++i) dst[i] = float(src[i]);
 }
 
-struct QWork {
+struct QWork : pagedjax_parallel::Tasks {
   const float* x;
   const int8_t* q;
   const float* scale;
   float* y;
   int64_t M, K, N;
   bool transposed;
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> done{0};
-  int64_t n_tasks = 1;
   int64_t parts = 1;           // q [K, N]: K split into this many contiguous parts
   std::vector<float> partial;  // parts 1.. write here; part 0 writes y
   void run();
@@ -197,9 +189,7 @@ void block_nt(const QWork& w, int64_t n0, int64_t n1, float* buf) {
 
 void QWork::run() {
   std::vector<float> buf;
-  for (;;) {
-    const int64_t t = next.fetch_add(1, std::memory_order_relaxed);
-    if (t >= n_tasks) return;
+  for (int64_t t; (t = claim()) >= 0; finish()) {
     if (transposed) {
       if (buf.empty()) buf.resize(4 * K);
       block_nt(*this, t * kNB, std::min(N, (t + 1) * kNB), buf.data());
@@ -208,7 +198,6 @@ void QWork::run() {
       float* out = t == 0 ? y : partial.data() + (t - 1) * M * N;
       part_nn(*this, std::min(K, t * per), std::min(K, (t + 1) * per), out);
     }
-    done.fetch_add(1, std::memory_order_release);
   }
 }
 
@@ -224,11 +213,7 @@ void run_qmatmul(const std::shared_ptr<QWork>& work, int64_t threads, Schedule s
     w.n_tasks = w.parts;
     w.partial.assign((w.parts - 1) * w.M * w.N, 0.0f);
   }
-  int64_t helpers = std::min<int64_t>(threads, w.n_tasks) - 1;
-  if (w.M * w.K * w.N < (1 << 16)) helpers = 0;
-  for (int64_t i = 0; i < helpers; ++i) schedule([work] { work->run(); });
-  w.run();
-  while (w.done.load(std::memory_order_acquire) < w.n_tasks) std::this_thread::yield();
+  pagedjax_parallel::run(work, threads, w.M * w.K * w.N >= (1 << 16), schedule);
   if (w.transposed) return;
   for (int64_t m = 0; m < w.M; ++m) {
     float* y = w.y + m * w.N;
@@ -301,7 +286,7 @@ int self_test_case(int64_t M, int64_t K, int64_t N, bool transposed, int64_t thr
 
 }  // namespace
 
-// Run once in a child process right after a build (kernels_pallas/cpu/native.py's
+// Run once in a child process right after a build (kernels_pallas/cpu/build.py's
 // builder): executes the vectorized paths this build was compiled with, so an
 // instruction the CPU or the OS does not support kills the child, not the
 // serving process. 0 when every result matches a plain loop.
@@ -318,18 +303,12 @@ extern "C" int PagedjaxSelfTest() {
     widen(codes, 259, wide);
     for (int b = 0; b < 259; ++b) bad |= wide[b] != float(b % 256 - 128) ? 4 : 0;
   }
-  bad |= pagedjax_simd::avx512_self_test() << 3;  // -march=native may have turned AVX-512 on
+  bad |= pagedjax_isa::avx512_self_test() << 3;  // -march=native may have turned AVX-512 on
   return bad;
 }
 
 // 1 when the kernel has its vectorized paths (x86-64 with AVX2 + FMA).
-extern "C" int PagedjaxFastQMatmul() {
-#ifdef PAGEDJAX_AVX2
-  return 1;
-#else
-  return 0;
-#endif
-}
+extern "C" int PagedjaxFastQMatmul() { return pagedjax_isa::vectorized(); }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PagedjaxQMatmul, QMatmulImpl,
                               ffi::Ffi::Bind()

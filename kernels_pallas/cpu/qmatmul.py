@@ -4,12 +4,12 @@
 ``x @ q[N, K].T * scale``, the tied LM head), x and scale float32, q int8:
 models/quant.py's per-channel symmetric "int8" weights, kept int8 in memory.
 Each weight element is read once per call as one byte and widened to f32 a
-small block at a time (AVX-512 / AVX2 / a portable loop, see cpu_qmatmul.cc),
+small block at a time (AVX-512 / AVX2 / a portable loop, see qmatmul.cc),
 so a decode step of few rows reads a quarter of float32's bytes. The models
 use it where the execution plan runs float32 matmuls in the C++ kernel
 (``plan.native_matmul_rows``, models/nn.py).
 
-Built like the other kernels (kernels_pallas/cpu/native.py: system compiler,
+Built like the other kernels (kernels_pallas/cpu/build.py: system compiler,
 -march=native, then AVX2 + FMA, then portable, each build self-tested in a
 child process, cached under ``$PAGEDJAX_CACHE_DIR``); ``available()`` is False
 without a compiler or with ``PAGEDJAX_CPU_NATIVE=0``, and ``qmatmul`` then runs
@@ -24,12 +24,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pagedjax.kernels_pallas.cpu import native as cpu_native
+from pagedjax.kernels_pallas.cpu.build import FfiLibrary
 
 TARGET = "pagedjax_qmatmul"
 SOURCE = Path(__file__).with_name("qmatmul.cc")
 
-_LIB = cpu_native.FfiLibrary(SOURCE, "cpu_qmatmul", {TARGET: "PagedjaxQMatmul"})
+_LIB = FfiLibrary(SOURCE, "cpu_qmatmul", {TARGET: "PagedjaxQMatmul"})
 _load = _LIB.load
 
 

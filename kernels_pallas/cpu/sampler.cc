@@ -21,15 +21,15 @@
 // intra-op thread pool, claimed from an atomic counter.
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
-#include <thread>
 #include <utility>
 #include <vector>
 
+#include "isa.h"
+#include "parallel.h"
 #include "simd.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -283,19 +283,15 @@ int32_t sample_row(Row& w, const float* x, int64_t V, float t, int32_t k, float 
   return int32_t(draw(w, V, thr, block_sums(w, V, thr), u, best));
 }
 
-struct Work {
+struct Work : pagedjax_parallel::Tasks {  // one task per row
   const float *x, *temp, *top_p, *min_p, *u;
   const int32_t *greedy, *top_k;
   int32_t* out;
   int64_t R, V;
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> done{0};
 
   void run() {
     Row w;
-    for (;;) {
-      const int64_t r = next.fetch_add(1, std::memory_order_relaxed);
-      if (r >= R) return;
+    for (int64_t r; (r = claim()) >= 0; finish()) {
       const float* xr = x + r * V;
       if (greedy[r]) {
         out[r] = int32_t(argmax_scaled(xr, V, 1.0f, nullptr).first);
@@ -303,7 +299,6 @@ struct Work {
         w.size(V);
         out[r] = sample_row(w, xr, V, temp[r], top_k[r], top_p[r], min_p[r], u[r]);
       }
-      done.fetch_add(1, std::memory_order_release);
     }
   }
 };
@@ -331,17 +326,14 @@ ffi::Error SampleImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
   work->out = out->typed_data();
   work->R = R;
   work->V = V;
-  int64_t helpers = std::min<int64_t>(pool.num_threads(), R) - 1;
-  if (R * V < (1 << 16)) helpers = 0;
-  for (int64_t k = 0; k < helpers; ++k) pool.Schedule([work] { work->run(); });
-  work->run();
-  while (work->done.load(std::memory_order_acquire) < R) std::this_thread::yield();
+  work->n_tasks = R;
+  pagedjax_parallel::run_on_pool(work, pool, R * V >= (1 << 16));
   return ffi::Error::Success();
 }
 
 }  // namespace
 
-// Run once in a child process right after a build (see cpu_native.cc): 0 = fine.
+// Run once in a child process right after a build (kernels_pallas/cpu/build.py): 0 = fine.
 extern "C" int PagedjaxSelfTest() {
   const int64_t V = 1000;
   std::vector<float> x(V);
@@ -357,7 +349,7 @@ extern "C" int PagedjaxSelfTest() {
   bad |= sample_row(w, x.data(), V, 1.0f, 1, 1.0f, 0.0f, 0.7f) != best;    // top-k 1
   const int32_t t = sample_row(w, x.data(), V, 0.7f, 50, 0.9f, 0.01f, 0.3f);
   bad |= t < 0 || t >= V || x[t] < 0.9f * x[first];
-  bad |= pagedjax_simd::avx512_self_test();
+  bad |= pagedjax_isa::avx512_self_test();
   return bad;
 }
 

@@ -10,7 +10,7 @@ inverse-CDF draw with the row's uniform ``u``). It replaces XLA's argmax,
 cpu_sampler.cc for the method (a histogram of exp's float bits instead of a
 sort).
 
-Built like the kernels (kernels_pallas/cpu/native.py: system compiler, cached
+Built like the kernels (kernels_pallas/cpu/build.py: system compiler, cached
 under ``$PAGEDJAX_CACHE_DIR``); ``available()`` is False without a compiler or
 with ``PAGEDJAX_CPU_NATIVE=0``, and the sampler then keeps its jnp path.
 """
@@ -22,12 +22,12 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from pagedjax.kernels_pallas.cpu import native as cpu_native
+from pagedjax.kernels_pallas.cpu.build import FfiLibrary
 
 TARGET = "pagedjax_sample"
 SOURCE = Path(__file__).with_name("sampler.cc")
 
-_LIB = cpu_native.FfiLibrary(SOURCE, "cpu_sampler", {TARGET: "PagedjaxSample"})
+_LIB = FfiLibrary(SOURCE, "cpu_sampler", {TARGET: "PagedjaxSample"})
 _load = _LIB.load
 
 

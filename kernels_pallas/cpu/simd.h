@@ -1,17 +1,13 @@
-// Small pieces the C++ CPU kernels share (cpu_native.cc, cpu_matmul.cc,
-// cpu_qmatmul.cc, cpu_sampler.cc): GCC vector types with unaligned
-// loads/stores, an AVX2 horizontal sum, and the run-time check that an
-// AVX-512 build may run here. Included by path: the builder
-// (cpu_native.build) passes -I for this folder and hashes this header into
-// each library's cache key.
+// Small vector pieces the C++ CPU kernels share: GCC vector types with
+// unaligned loads/stores and an AVX2 horizontal sum. Included by path: the
+// builder (kernels_pallas/cpu/build.py) passes -I for this folder and hashes
+// every header here into each library's cache key.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-#include <immintrin.h>
-#endif
+#include "isa.h"
 
 namespace pagedjax_simd {
 
@@ -25,7 +21,7 @@ inline v8f load8(const float* p) {
 }
 inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof(v)); }
 
-#if defined(__AVX2__) && defined(__FMA__)
+#ifdef PAGEDJAX_AVX2
 // Lane i of the result: the sum of a[i]'s 8 lanes.
 inline __m256 hsum8x8(const __m256* a) {
   __m256 s01 = _mm256_hadd_ps(a[0], a[1]), s23 = _mm256_hadd_ps(a[2], a[3]);
@@ -35,20 +31,5 @@ inline __m256 hsum8x8(const __m256* a) {
                        _mm256_permute2f128_ps(s0123, s4567, 0x31));
 }
 #endif
-
-// 0 when AVX-512 instructions run (or the build does not use them): a
-// -march=native build on a CPU whose OS disables AVX-512 fails here, in the
-// builder's guarded child process, not in the serving process.
-inline int avx512_self_test() {
-#if defined(__AVX512F__)
-  volatile float in[16] = {1.0f};
-  float out[16];
-  __m512 v = _mm512_loadu_ps(const_cast<const float*>(in));
-  _mm512_storeu_ps(out, _mm512_add_ps(v, v));
-  return out[0] != 2.0f;
-#else
-  return 0;
-#endif
-}
 
 }  // namespace pagedjax_simd

@@ -1,16 +1,16 @@
-// The register kernels both CPU matmuls run (cpu_matmul.cc: float32 weights,
-// cpu_qmatmul.cc: int8 weights widened in registers): the tile y[0:MR, 0:16]
+// The register kernels both CPU matmuls run (matmul.cc: float32 weights,
+// qmatmul.cc: int8 weights widened in registers): the tile y[0:MR, 0:16]
 // (+)= x @ b for up to 6 rows of x, and dot2x4, 2 rows of x against 4 rows of
-// w [N, K] (the tied-embedding logits). Included by path, like cpu_simd.h (the builder hashes
+// w [N, K] (the tied-embedding logits). Included by path, like simd.h (the builder hashes
 // every header beside the sources into each library's cache key).
 #pragma once
 
 #include <cstdint>
 
+#include "isa.h"
 #include "simd.h"
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
+#ifdef PAGEDJAX_AVX2
 
 namespace pagedjax_tile {
 

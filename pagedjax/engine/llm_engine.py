@@ -67,6 +67,7 @@ class LLMEngine:
                 f"{jax.process_count()} processes: multi-host runs shard one model over every "
                 f"device of every process; set tensor_parallel_size={jax.device_count()} "
                 "(jax.device_count())")
+        self.quantization = weight_quantization(args, self.resolved)
         if args.tensor_parallel_size > 1:
             from pagedjax.distributed import sharding
 
@@ -138,7 +139,7 @@ class LLMEngine:
         phase_logger().info(
             "load: %.1f s (%s, %d layers, weights %.1f MiB on device, quantization=%s, "
             "KV pool %d pages)", time.perf_counter() - started, info.architecture,
-            info.num_layers, self.weight_bytes / 2**20, args.quantization, cfg.num_pages)
+            info.num_layers, self.weight_bytes / 2**20, self.quantization, cfg.num_pages)
         compile_programs(self.runner, args, started)
         freeze_startup_heap()
 
@@ -362,3 +363,33 @@ class LLMEngine:
         from pagedjax.worker.runner import CompileCounter
 
         return CompileCounter.count - start
+
+
+def weight_quantization(args, resolved) -> str | None:
+    """The weights' quantization (models.load_model's argument) for ``args``.
+
+    ``args.quantization`` when set ("none": float weights, GGUF blocks dequantized at
+    load). Unset: a GGUF file on the CPU (one device, the C++ backend) keeps its blocks
+    ("gguf", multiplied by the C++ block kernel) where that kernel beats float32
+    weights at every row count on this machine (measured once, worker.runner.block_choice),
+    else float weights. The engine logs which."""
+    q = args.quantization
+    if q is not None:
+        return None if q == "none" else q
+    if (resolved.gguf_file is None or args.tensor_parallel_size > 1
+            or jax.default_backend() != "cpu"
+            or args.attention_backend not in ("auto", "cpu_native")):
+        return None
+    from pagedjax.worker.runner import block_choice
+
+    choice = block_choice()
+    if choice["default"]:
+        logger.info("GGUF weights kept in their blocks: the C++ block kernel beats float32 "
+                    "weights at every row count here (steps of up to %d rows; "
+                    "quantization='none' dequantizes at load)", choice["rows"])
+        return "gguf"
+    logger.info("GGUF weights dequantized to float at load: the C++ block kernel %s "
+                "(quantization='gguf' keeps the blocks)",
+                "does not beat float32 weights at every row count here" if choice["rows"]
+                else "is not available")
+    return None

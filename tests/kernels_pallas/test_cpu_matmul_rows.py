@@ -15,7 +15,7 @@ import jax
 import pytest
 
 from pagedjax.kernels_pallas.cpu import matmul_rows as cmr
-from pagedjax.kernels_pallas.cpu import native as cpu_native
+from pagedjax.kernels_pallas.cpu import build as cpu_build, native as cpu_native
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu",
                                 reason="the C++ matmul runs on the CPU platform")
@@ -120,7 +120,7 @@ def test_make_plan_uses_the_override_and_the_cached_choice(tmp_path):
     # and a choice written here: the child's plan must read that choice.
     # (build(): the default flags' library, cached; build_info may name a build with other
     # flags made by the build-path tests)
-    so = cpu_native.build(source=cpu_native.MATMUL_SOURCE, name="cpu_matmul")
+    so = cpu_build.build(source=cpu_native.MATMUL_SOURCE, name="cpu_matmul")
     (tmp_path / "native").mkdir()
     shutil.copy(so, tmp_path / "native" / so.name)
     cmr.write_cache(cmr.cache_path(tmp_path / "native" / so.name), 5, {8: (1.0, 2.0)})  # 5: no measurement gives it

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pagedjax.kernels_pallas.cpu import native as cpu_native
+from pagedjax.kernels_pallas.cpu import build as cpu_build, native as cpu_native
 from pagedjax.kernels_pallas import reference
 from tests.kernels_pallas.test_reference import make_case
 
@@ -35,10 +35,10 @@ def test_builds_here_and_caches():
     assert cpu_native.matmul_unavailable_reason() is None  # both libraries build here
     if "avx2" in open("/proc/cpuinfo").read() and "fma" in open("/proc/cpuinfo").read():
         assert cpu_native.fast_matmul()  # -march=native took
-    first = cpu_native.build()
-    assert first.exists() and first.parent.parent == cpu_native.cache_dir()
-    assert cpu_native.build() == first  # second call: the cached library
-    matmul = cpu_native.build(source=cpu_native.MATMUL_SOURCE, name="cpu_matmul")
+    first = cpu_build.build()
+    assert first.exists() and first.parent.parent == cpu_build.cache_dir()
+    assert cpu_build.build() == first  # second call: the cached library
+    matmul = cpu_build.build(source=cpu_native.MATMUL_SOURCE, name="cpu_matmul")
     assert matmul.exists() and matmul != first  # its own library
 
 
@@ -200,13 +200,13 @@ def build_path(source, name: str, flags: list[str]):
     import ctypes
 
     try:
-        so = cpu_native.build(source=source, name=name, flag_sets=[flags])
+        so = cpu_build.build(source=source, name=name, flag_sets=[flags])
     except RuntimeError as e:
         pytest.skip(f"path {_flag_id(flags)!r} cannot run on this machine: {str(e)[-300:]}")
     return ctypes.CDLL(str(so))
 
 
-@pytest.mark.parametrize("flags", cpu_native.default_flag_sets(), ids=_flag_id)
+@pytest.mark.parametrize("flags", cpu_build.default_flag_sets(), ids=_flag_id)
 def test_every_build_path_matches_numpy(flags):
     """Each instruction-set path (this CPU's full set, AVX2 + FMA, portable) passes its
     self-test in a child process and matches numpy; paths this machine cannot run
@@ -231,10 +231,10 @@ def test_a_build_that_fails_its_self_test_is_rejected_and_remembered(tmp_path, m
     src.write_text('extern "C" int PagedjaxSelfTest() { return 3; }\n')
     monkeypatch.setenv("PAGEDJAX_CACHE_DIR", str(tmp_path / "cache"))
     with pytest.raises(RuntimeError, match=r"self-test failed \(exit 3\)"):
-        cpu_native.build(source=src, name="bad", flag_sets=[["-O0"]])
+        cpu_build.build(source=src, name="bad", flag_sets=[["-O0"]])
     assert list((tmp_path / "cache" / "native").glob("bad_*.rejected"))
     with pytest.raises(RuntimeError):  # remembered: not rebuilt
-        cpu_native.build(source=src, name="bad", flag_sets=[["-O0"]])
+        cpu_build.build(source=src, name="bad", flag_sets=[["-O0"]])
     assert not list((tmp_path / "cache" / "native").glob("bad_*.so"))
 
 
@@ -247,7 +247,7 @@ def test_instruction_set_paths_give_the_same_bits():
     rng = np.random.default_rng(5)
     x = rng.standard_normal((12, 576), np.float32)
     w = rng.standard_normal((576, 200), np.float32)
-    for flags in cpu_native.default_flag_sets()[:2]:
+    for flags in cpu_build.default_flag_sets()[:2]:
         lib = build_path(cpu_native.MATMUL_SOURCE, "cpu_matmul", flags)
         target = f"pagedjax_matmul_bits_{abs(hash(tuple(flags)))}"
         jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(lib.PagedjaxMatmul), platform="cpu")
@@ -258,7 +258,7 @@ def test_instruction_set_paths_give_the_same_bits():
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("flags", cpu_native.default_flag_sets(), ids=_flag_id)
+@pytest.mark.parametrize("flags", cpu_build.default_flag_sets(), ids=_flag_id)
 @pytest.mark.parametrize("kv_dtype", ["f32", "bf16", "int8", "fp8"])
 def test_every_build_path_attends_like_the_reference(flags, kv_dtype):
     """The attention of each instruction-set path (this CPU's full set, AVX2 + FMA,

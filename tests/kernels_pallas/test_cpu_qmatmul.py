@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pagedjax.kernels_pallas.cpu import native as cpu_native, qmatmul as cpu_qmatmul
+from pagedjax.kernels_pallas.cpu import build as cpu_build, qmatmul as cpu_qmatmul
 from tests.kernels_pallas.test_cpu_native import _flag_id, build_path
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu",
@@ -52,7 +52,7 @@ def _assert_matches(out, x, q, scale, transposed):
 
 def test_builds_here():
     assert cpu_qmatmul.available(), cpu_qmatmul.unavailable_reason()
-    info = cpu_native.build_info("cpu_qmatmul")
+    info = cpu_build.build_info("cpu_qmatmul")
     assert info is not None and info["so"].endswith(".so")
     if platform.machine() in ("x86_64", "AMD64"):
         assert cpu_qmatmul.fast()
@@ -118,7 +118,7 @@ def _path_call(lib, flags, tag):
     return run
 
 
-@pytest.mark.parametrize("flags", cpu_native.default_flag_sets(), ids=_flag_id)
+@pytest.mark.parametrize("flags", cpu_build.default_flag_sets(), ids=_flag_id)
 def test_every_build_path_matches_numpy(flags):
     """Each instruction-set path passes its self-test in a child process (the builder
     runs it) and here, and matches numpy; paths this machine cannot run are skipped."""
@@ -137,7 +137,7 @@ def test_instruction_set_paths_give_the_same_bits():
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip(f"AVX2/AVX-512 paths are x86-64 only; this machine is {platform.machine()}")
     outs = []
-    for flags in cpu_native.default_flag_sets()[:2]:
+    for flags in cpu_build.default_flag_sets()[:2]:
         run = _path_call(build_path(cpu_qmatmul.SOURCE, "cpu_qmatmul", flags), flags, "bits")
         outs.append([run(*_case(m, 576, n, t, seed=5), t)
                      for m, n, t in ((3, 200, False), (12, 200, False), (5, 68, True))])

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pagedjax.kernels_pallas.cpu import native as cpu_native, sampler as cpu_sampler
+from pagedjax.kernels_pallas.cpu import build as cpu_build, sampler as cpu_sampler
 from pagedjax.sample.sampler import RowState, build_sampling_tensors, sample_jit
 from pagedjax.sampling_params import SamplingParams as SP
 from tests.kernels_pallas.test_cpu_native import _flag_id, build_path
@@ -121,7 +121,7 @@ def test_rejects_bad_shapes():
         cpu_sampler.sample(jnp.zeros(4), *[jnp.zeros(4)] * 6)
 
 
-@pytest.mark.parametrize("flags", cpu_native.default_flag_sets(), ids=_flag_id)
+@pytest.mark.parametrize("flags", cpu_build.default_flag_sets(), ids=_flag_id)
 def test_every_build_path_draws_from_the_reference(flags):
     """The sampler built for each instruction-set path (skipped, naming why, where this
     machine cannot run it) draws the float64 reference's token from the same uniform."""

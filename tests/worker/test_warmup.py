@@ -131,19 +131,19 @@ def test_program_flags_share_the_native_program_and_keep_tokens():
 
 
 def test_library_builds_in_background(tmp_path, monkeypatch):
-    from pagedjax.kernels_pallas.cpu import native as cpu_native
+    from pagedjax.kernels_pallas.cpu import build as cpu_build
 
     monkeypatch.setenv("PAGEDJAX_CACHE_DIR", str(tmp_path))
     src = tmp_path / "bg_probe.cc"
     src.write_text('extern "C" int PagedjaxSelfTest() { return 0; }\n')
-    lib = cpu_native.FfiLibrary(src, "bg_probe", {})
+    lib = cpu_build.FfiLibrary(src, "bg_probe", {})
     t = lib.load_in_background()
     assert isinstance(t, threading.Thread) and t.daemon
     assert lib.load() is not None, lib.error  # waits for the background build
     t.join(60)
-    info = cpu_native.build_info("bg_probe")
+    info = cpu_build.build_info("bg_probe")
     assert info["cached"] is False and info["seconds"] > 0
     assert list((tmp_path / "native").glob("bg_probe_*.so"))
-    again = cpu_native.FfiLibrary(src, "bg_probe", {})
+    again = cpu_build.FfiLibrary(src, "bg_probe", {})
     again.load_in_background().join(60)
-    assert again.load() is not None and cpu_native.build_info("bg_probe")["cached"] is True
+    assert again.load() is not None and cpu_build.build_info("bg_probe")["cached"] is True

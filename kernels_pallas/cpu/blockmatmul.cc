@@ -1,0 +1,293 @@
+// Matmul with GGUF block-quantized weights for the CPU, called from XLA through
+// the FFI (kernels_pallas/cpu/blockmatmul.py).
+//
+//   y[M, N] = x[M, K] @ W[K, N]          (transposed = 0: a Linear kernel, W quantized along K)
+//   y[M, N] = x[M, K] @ W[N, K]^T        (transposed = 1: the tied LM head, W's rows quantized)
+//   x f32, W = models/quant.py's components of kind q8_0 | q4_0 | q4_1 | q4_k | q6_k, y f32.
+//
+// Why: the weights of a GGUF file are 4.5-8.5 bits a value; dequantized to
+// float32 at load, every decode step reads 4-7x the bytes. Here the blocks
+// stay as they are in memory and are widened to float32 in registers
+// (blocks.h), a 32-row x 16-column block at a time into an L1-resident panel
+// that every row of x then reuses through the float32 matmul's register tile
+// (tile.h: up to 6 rows x 16 columns, f32 FMA chains). So a weight is read
+// once per call at its quantized size, widened once per call, and multiplied
+// in float32: the result is the dequantized weight's product up to summation
+// order.
+//
+// Work split, as in qmatmul.cc: W [K, N] is split along K (at block
+// boundaries) into one contiguous part per thread of XLA's intra-op pool
+// (partial sums added at the end in part order), each part read kKB blocks at
+// a time; W [N, K] is split along N into tasks of kNB rows, 4 rows widened at
+// a time and dotted with 2 rows of x at a time. The split depends on K, N and
+// the pool only (never on M), and every path sums in the same order, so a
+// row's result does not depend on the rest of the batch.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "blocks.h"
+#include "isa.h"
+#include "parallel.h"
+#include "simd.h"
+#include "tile.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+using pagedjax_blocks::Comps;
+
+namespace {
+
+constexpr int64_t kKB = 4;   // 32-blocks per panel (W [K, N]): a 128 x 16 float panel (8 KiB)
+constexpr int64_t kNB = 64;  // W rows per task (W [N, K])
+
+struct BlockWork : pagedjax_parallel::Tasks {
+  const float* x;
+  Comps w;
+  float* y;
+  int64_t M, K, N;
+  bool transposed;
+  int64_t parts = 1;           // W [K, N]: K split into this many contiguous parts
+  int64_t per = 0;             // values of K per part (a multiple of the block)
+  std::vector<float> partial;  // parts 1.. write here; part 0 writes y
+  void run();
+};
+
+// out[m, n0:n0+cols] (+)= x[m, k0:k0+kc] @ panel[0:kc, 0:cols] for every row m,
+// panel rows 16 floats apart: the register tile (AVX2 / AVX-512) or plain loops.
+void panel_product(const BlockWork& w, const float* panel, int64_t k0, int64_t kc, int64_t n0,
+                   int64_t cols, float* out, bool first) {
+  const int64_t M = w.M, K = w.K, N = w.N;
+#ifdef PAGEDJAX_AVX2
+  if (cols == 16) {
+    for (int64_t m0 = 0; m0 < M; m0 += 6)
+      pagedjax_tile::tile_rows(int(std::min<int64_t>(6, M - m0)), w.x + m0 * K + k0, K, panel,
+                               16, out + m0 * N + n0, N, kc, first);
+    return;
+  }
+#endif
+  for (int64_t m = 0; m < M; ++m) {
+    float* y = out + m * N + n0;
+    const float* xr = w.x + m * K + k0;
+    for (int64_t j = 0; j < cols; ++j) {
+      float acc = first ? 0.0f : y[j];
+      for (int64_t k = 0; k < kc; ++k) acc = std::fma(xr[k], panel[k * 16 + j], acc);
+      y[j] = acc;
+    }
+  }
+}
+
+// Rows [k0, k1) of W [K, N] (block-aligned) into out [M, N] = x[:, k0:k1] @ W[k0:k1].
+void part_nn(const BlockWork& w, int64_t k0, int64_t k1, float* out) {
+  const int64_t N = w.N;
+  alignas(64) float panel[kKB * 32 * 16];
+  for (int64_t kb = k0; kb < k1; kb += kKB * 32) {
+    const int64_t kc = std::min(kKB * 32, k1 - kb);
+    const bool first = kb == k0;
+    for (int64_t n = 0; n < N; n += 16) {
+      const int64_t cols = std::min<int64_t>(16, N - n);
+      for (int64_t b = 0; b < kc / 32; ++b) {
+        if (cols == 16)
+          pagedjax_blocks::decode_cols(w.w, N, kb / 32 + b, n, panel + b * 32 * 16);
+        else  // the last columns (N % 16), one value at a time
+          pagedjax_blocks::decode_cols_tail(w.w, N, kb / 32 + b, n, cols, panel + b * 32 * 16);
+      }
+      panel_product(w, panel, kb, kc, n, cols, out, first);
+    }
+  }
+}
+
+// y[:, n0:n1] = x @ W[n0:n1]^T for rows of W [N, K]; buf holds 4*K floats.
+void block_nt(const BlockWork& w, int64_t n0, int64_t n1, float* buf) {
+  const int64_t M = w.M, K = w.K, N = w.N;
+  int64_t n = n0;
+#ifdef PAGEDJAX_AVX2
+  for (; n + 4 <= n1; n += 4) {
+    for (int r = 0; r < 4; ++r) pagedjax_blocks::decode_row(w.w, K, n + r, buf + r * K);
+    const float *w0 = buf, *w1 = buf + K, *w2 = buf + 2 * K, *w3 = buf + 3 * K;
+    int64_t m = 0;
+    for (; m + 2 <= M; m += 2) {
+      const float* xa = w.x + m * K;
+      const __m256 s = pagedjax_tile::dot2x4(xa, xa + K, w0, w1, w2, w3, K);
+      _mm_storeu_ps(w.y + m * N + n, _mm256_castps256_ps128(s));
+      _mm_storeu_ps(w.y + (m + 1) * N + n, _mm256_extractf128_ps(s, 1));
+    }
+    if (m < M) {  // the last odd row: its pair's sums (x's row twice)
+      const float* xa = w.x + m * K;
+      const __m256 s = pagedjax_tile::dot2x4(xa, xa, w0, w1, w2, w3, K);
+      _mm_storeu_ps(w.y + m * N + n, _mm256_castps256_ps128(s));
+    }
+  }
+#endif
+  for (; n < n1; ++n) {  // rows past the last group of 4 (or all: no AVX2)
+    pagedjax_blocks::decode_row(w.w, K, n, buf);
+    for (int64_t m = 0; m < M; ++m) {
+      float acc = 0.0f;
+      for (int64_t k = 0; k < K; ++k) acc = std::fma(w.x[m * K + k], buf[k], acc);
+      w.y[m * N + n] = acc;
+    }
+  }
+}
+
+void BlockWork::run() {
+  std::vector<float> buf;
+  for (int64_t t; (t = claim()) >= 0; finish()) {
+    if (transposed) {
+      if (buf.empty()) buf.resize(4 * K);
+      block_nt(*this, t * kNB, std::min(N, (t + 1) * kNB), buf.data());
+    } else {
+      float* out = t == 0 ? y : partial.data() + (t - 1) * M * N;
+      part_nn(*this, std::min(K, t * per), std::min(K, (t + 1) * per), out);
+    }
+  }
+}
+
+// Splits the work (see the top), runs it on `threads` workers (`schedule` hands a
+// task to the pool) and adds the K parts in order.
+template <typename Schedule>
+void run_blockmatmul(const std::shared_ptr<BlockWork>& work, int64_t threads,
+                     Schedule schedule) {
+  BlockWork& w = *work;
+  if (w.transposed) {
+    w.n_tasks = (w.N + kNB - 1) / kNB;
+  } else {
+    const int64_t block = pagedjax_blocks::block_of(w.w.kind);
+    const int64_t blocks = w.K / block;
+    w.parts = std::clamp<int64_t>(threads, 1, std::max<int64_t>(1, w.K / 128));
+    w.parts = std::min(w.parts, blocks);
+    w.per = (blocks + w.parts - 1) / w.parts * block;
+    w.parts = (w.K + w.per - 1) / w.per;
+    w.n_tasks = w.parts;
+    w.partial.assign((w.parts - 1) * w.M * w.N, 0.0f);
+  }
+  pagedjax_parallel::run(work, threads, w.M * w.K * w.N >= (1 << 16), schedule);
+  if (w.transposed) return;
+  for (int64_t p = 1; p < w.parts; ++p) {
+    const float* src = w.partial.data() + (p - 1) * w.M * w.N;
+    for (int64_t i = 0; i < w.M * w.N; ++i) w.y[i] += src[i];
+  }
+}
+
+std::shared_ptr<BlockWork> make_work(const float* x, Comps comps, float* y, int64_t M,
+                                     int64_t K, int64_t N, bool transposed) {
+  auto work = std::make_shared<BlockWork>();
+  work->x = x;
+  work->w = comps;
+  work->y = y;
+  work->M = M;
+  work->K = K;
+  work->N = N;
+  work->transposed = transposed;
+  return work;
+}
+
+ffi::Error BlockMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer c0,
+                           ffi::AnyBuffer c1, ffi::AnyBuffer c2, ffi::AnyBuffer c3,
+                           ffi::AnyBuffer c4, ffi::Result<ffi::Buffer<ffi::F32>> y,
+                           int32_t kind, int32_t transposed, int64_t n_out) {
+  auto xd = x.dimensions(), yd = y->dimensions();
+  if (kind < 0 || kind >= pagedjax_blocks::kNumKinds)
+    return ffi::Error::InvalidArgument("cpu_blockmatmul: unknown block kind");
+  if (xd.size() != 2 || yd.size() != 2)
+    return ffi::Error::InvalidArgument("cpu_blockmatmul: expected x [M, K] and y [M, N]");
+  const int64_t M = xd[0], K = xd[1], N = n_out;
+  if (yd[0] != M || yd[1] != N || K % pagedjax_blocks::block_of(kind))
+    return ffi::Error::InvalidArgument("cpu_blockmatmul: shapes do not match");
+  // Every component must hold exactly its share of the K x N values (blocks.h).
+  const ffi::AnyBuffer* cs[5] = {&c0, &c1, &c2, &c3, &c4};
+  Comps comps{kind, {}};
+  for (int i = 0; i < pagedjax_blocks::kNumComps[kind]; ++i) {
+    const int64_t want = K / pagedjax_blocks::kDiv[kind][i] * N * pagedjax_blocks::kSize[kind][i];
+    if (int64_t(cs[i]->size_bytes()) != want)
+      return ffi::Error::InvalidArgument("cpu_blockmatmul: a component's size does not match");
+    comps.c[i] = static_cast<const uint8_t*>(cs[i]->untyped_data());
+  }
+  if (M == 0 || N == 0) return ffi::Error::Success();
+  auto work = make_work(x.typed_data(), comps, y->typed_data(), M, K, N, transposed != 0);
+  run_blockmatmul(work, pool.num_threads(), [&pool](auto task) { pool.Schedule(std::move(task)); });
+  return ffi::Error::Success();
+}
+
+// Deterministic bytes for a component (f16 scales: small positive normal numbers).
+void fill(std::vector<uint8_t>& v, int64_t n, int size, uint32_t seed) {
+  v.resize(n * size);
+  for (int64_t i = 0; i < n; ++i) {
+    seed = seed * 1664525u + 1013904223u;
+    if (size == 2) {
+      uint16_t h = uint16_t(0x2000 + ((seed >> 16) & 0x7ff));  // ~2^-7 .. 2^-6
+      if (i % 7 == 3) h = uint16_t((seed >> 16) & 0x83ff);  // a subnormal (either sign)
+      std::memcpy(v.data() + 2 * i, &h, 2);
+    } else {
+      v[i] = uint8_t(seed >> 24);
+    }
+  }
+}
+
+// One problem of `kind` through the paths this build has, against value_cols /
+// value_rows summed in double: 0 = fine.
+int self_test_case(int kind, int64_t M, int64_t K, int64_t N, bool transposed, int64_t threads) {
+  std::vector<uint8_t> store[5];
+  Comps comps{kind, {}};
+  for (int i = 0; i < pagedjax_blocks::kNumComps[kind]; ++i) {
+    fill(store[i], K / pagedjax_blocks::kDiv[kind][i] * N, pagedjax_blocks::kSize[kind][i],
+         uint32_t(7 + 31 * i + kind));
+    comps.c[i] = store[i].data();
+  }
+  std::vector<float> x(M * K), y(M * N, -1.0f);
+  for (int64_t i = 0; i < M * K; ++i) x[i] = float((i * 7) % 13) * 0.25f - 1.5f;
+  run_blockmatmul(make_work(x.data(), comps, y.data(), M, K, N, transposed), threads,
+                  [](auto task) { task(); });
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double ref = 0.0, mag = 0.0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double v = transposed ? pagedjax_blocks::value_rows(comps, K, n, k)
+                                    : pagedjax_blocks::value_cols(comps, N, k, n);
+        ref += double(x[m * K + k]) * v;
+        mag += std::fabs(double(x[m * K + k]) * v);
+      }
+      if (!(std::fabs(y[m * N + n] - ref) <= 1e-5 * (1.0 + mag))) return 1;
+    }
+  return 0;
+}
+
+}  // namespace
+
+// Run once in a child process right after a build (kernels_pallas/cpu/build.py):
+// every kind through the widening (vector blocks and the scalar column tail), the
+// register tiles of 1-6 rows, K parts on two threads' split and the transposed
+// path, so an instruction the CPU or the OS does not support kills the child, not
+// the serving process. 0 when every result matches the plain formulas.
+extern "C" int PagedjaxSelfTest() {
+  int bad = 0;
+  for (int kind = 0; kind < pagedjax_blocks::kNumKinds; ++kind) {
+    const int64_t K = pagedjax_blocks::block_of(kind) * 2;
+    bad |= self_test_case(kind, 3, K, 37, false, 2) << 1;  // K parts, 16-col strips + tail
+    bad |= self_test_case(kind, 8, K, 16, false, 1) << 2;  // a 6-row and a 2-row tile
+    bad |= self_test_case(kind, 5, K, 9, true, 1) << 3;    // W [N, K]: groups of 4 + rows
+  }
+  bad |= pagedjax_isa::avx512_self_test() << 4;  // -march=native may have turned AVX-512 on
+  return bad;
+}
+
+// 1 when the kernel has its vectorized (AVX2 + FMA) register tiles.
+extern "C" int PagedjaxFastBlockMatmul() { return pagedjax_isa::vectorized(); }
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PagedjaxBlockMatmul, BlockMatmulImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int32_t>("kind")
+                                  .Attr<int32_t>("transposed")
+                                  .Attr<int64_t>("n_out"));

@@ -1,0 +1,256 @@
+// GGUF block formats widened in registers, 16 lanes at a time, for
+// blockmatmul.cc. The components are models/quant.py's (read its table
+// first): a weight [K, N] quantized along K in blocks of 32 (256 for the
+// K-quants) is q8_0 {q i8, d f16}, q4_0 {qs u8, d}, q4_1 {qs, d, m f16},
+// q4_k {qs, sc u8, mn u8, d, dmin f16} or q6_k {ql u8, qh u8, sc i8, d}.
+// Element e of a 32-block (e < 16: the low nibble of byte e, else the high
+// nibble of byte e - 16; q6_k's two high bits: bits 2*(e/8) of qh byte e % 8)
+// has the integer code q and the value a * q + c, where
+//
+//   q8_0  a = d                 c = 0             q in -128..127
+//   q4_0  a = d                 c = 0             q = nibble - 8
+//   q4_1  a = d                 c = m             q = nibble
+//   q4_k  a = d * sc            c = -(dmin * mn)  q = nibble     (sc, mn per 32)
+//   q6_k  a = d * sc            c = 0             q = 6 bits - 32 (sc per 16)
+//
+// -- the same products gguf.quants.dequantize forms, so a block widened here
+// is the dequantized float weight (up to the fused multiply-add's rounding).
+// Two layouts: Cols (the quantized axis first, [K_c, N]: 16 lanes are 16
+// columns of one row) and Rows (the quantized axis last, [N, K_c]: the tied
+// embedding; 16 lanes are 16 consecutive elements of one row). Written with
+// GCC vector types, so one source gives AVX-512, AVX2 or portable code.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "convert.h"
+
+namespace pagedjax_blocks {
+
+typedef float v16f __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+
+enum Kind { kQ8_0 = 0, kQ4_0 = 1, kQ4_1 = 2, kQ4_K = 3, kQ6_K = 4 };
+constexpr int kNumKinds = 5;
+
+inline int64_t block_of(int kind) { return kind == kQ4_K || kind == kQ6_K ? 256 : 32; }
+
+// The components of one weight, in models/quant.py's order for its kind.
+struct Comps {
+  int kind;
+  const uint8_t* c[5];
+};
+
+// 16 bytes at p widened to 16 int32 lanes (zero- or sign-extended): one
+// instruction with AVX-512, two with AVX2 (GCC would widen lane by lane).
+template <bool Signed>
+inline v16i widen16(const uint8_t* p) {
+  v16i out;
+#if defined(PAGEDJAX_AVX512)
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m512i v = Signed ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b);
+  std::memcpy(&out, &v, 64);
+#elif defined(PAGEDJAX_AVX2)
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i b8 = _mm_srli_si128(b, 8);
+  const __m256i v[2] = {Signed ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b),
+                        Signed ? _mm256_cvtepi8_epi32(b8) : _mm256_cvtepu8_epi32(b8)};
+  std::memcpy(&out, v, 64);
+#else
+  for (int i = 0; i < 16; ++i) out[i] = Signed ? int32_t(int8_t(p[i])) : int32_t(p[i]);
+#endif
+  return out;
+}
+inline v16i widen_u8(const uint8_t* p) { return widen16<false>(p); }
+inline v16i widen_s8(const uint8_t* p) { return widen16<true>(p); }
+inline v16f to_f(v16i v) { return __builtin_convertvector(v, v16f); }
+inline v16f splat(float f) { return v16f{} + f; }
+
+inline float f16(const uint8_t* base, int64_t i) {
+  uint16_t h;
+  std::memcpy(&h, base + 2 * i, 2);
+  return pagedjax_convert::f16_to_f32(h);
+}
+
+typedef uint16_t v16u16 __attribute__((vector_size(32)));
+
+// 16 IEEE float16 values -> float32, exactly (as f16_to_f32; no float32
+// subnormal is formed, so a flush-to-zero mode cannot change a value).
+inline v16f f16x16(const uint8_t* p) {
+  v16u16 raw;
+  std::memcpy(&raw, p, 32);
+  const v16i h = __builtin_convertvector(raw, v16i);
+  const v16i e = (h >> 10) & 31, m = h & 1023;
+  const v16f sub = to_f(m) * 0x1p-24f;
+  v16i sub_bits;
+  std::memcpy(&sub_bits, &sub, 64);
+  v16i bits = ((e + 112) << 23) | (m << 13);
+  bits = e == 0 ? sub_bits : bits;
+  bits = e == 31 ? (0x7f800000 | (m << 13)) : bits;
+  bits |= (h & 0x8000) << 16;
+  v16f f;
+  std::memcpy(&f, &bits, 64);
+  return f;
+}
+inline v16f u8x16(const uint8_t* p) { return to_f(widen_u8(p)); }
+inline v16f s8x16(const uint8_t* p) { return to_f(widen_s8(p)); }
+
+// Cols layout: rows 32b..32b+31 of columns n..n+15 of a weight [K, N] -> out[32][16]
+// floats (row-major, 16 per row).
+inline void decode_cols(const Comps& w, int64_t N, int64_t b, int64_t n, float* out) {
+  const uint8_t* const c[5] = {w.c[0], w.c[1], w.c[2], w.c[3], w.c[4]};
+  const int64_t sb = b / 8;  // the super-block (K-quants)
+  v16f a, a2, cc = v16f{};
+  switch (w.kind) {
+    case kQ8_0: case kQ4_0:
+      a = a2 = f16x16(c[1] + 2 * (b * N + n));
+      break;
+    case kQ4_1:
+      a = a2 = f16x16(c[1] + 2 * (b * N + n));
+      cc = f16x16(c[2] + 2 * (b * N + n));
+      break;
+    case kQ4_K:
+      a = a2 = f16x16(c[3] + 2 * (sb * N + n)) * u8x16(c[1] + b * N + n);
+      cc = -(f16x16(c[4] + 2 * (sb * N + n)) * u8x16(c[2] + b * N + n));
+      break;
+    default: {  // kQ6_K: sc per 16 rows
+      const v16f d = f16x16(c[3] + 2 * (sb * N + n));
+      a = d * s8x16(c[2] + (2 * b) * N + n);
+      a2 = d * s8x16(c[2] + (2 * b + 1) * N + n);
+    }
+  }
+  if (w.kind == kQ8_0) {
+    for (int e = 0; e < 32; ++e) {
+      const v16f v = a * s8x16(c[0] + (32 * b + e) * N + n);
+      std::memcpy(out + e * 16, &v, 64);
+    }
+    return;
+  }
+  for (int j = 0; j < 16; ++j) {
+    const v16i bytes = widen_u8(c[0] + (16 * b + j) * N + n);
+    v16i lo = bytes & 15, hi = bytes >> 4;
+    if (w.kind == kQ4_0) {
+      lo -= 8;
+      hi -= 8;
+    } else if (w.kind == kQ6_K) {
+      const v16i h = widen_u8(c[1] + (8 * b + j % 8) * N + n);
+      const int s = 2 * (j / 8);
+      lo = (lo | (((h >> s) & 3) << 4)) - 32;
+      hi = (hi | (((h >> (s + 4)) & 3) << 4)) - 32;
+    }
+    const v16f vlo = a * to_f(lo) + cc, vhi = a2 * to_f(hi) + cc;
+    std::memcpy(out + j * 16, &vlo, 64);
+    std::memcpy(out + (j + 16) * 16, &vhi, 64);
+  }
+}
+
+// Rows layout: elements 32b..32b+31 of row n of a weight [N, K] (the quantized
+// axis last; K values a row) -> out[0:32].
+inline void decode_row_block(const Comps& w, int64_t K, int64_t n, int64_t b, float* out) {
+  const uint8_t* const* c = w.c;
+  const int64_t nb = K / 32, sb = b / 8, nsb = K / 256;
+  float a, a2, cc = 0.0f;
+  switch (w.kind) {
+    case kQ8_0: case kQ4_0:
+      a = a2 = f16(c[1], n * nb + b);
+      break;
+    case kQ4_1:
+      a = a2 = f16(c[1], n * nb + b), cc = f16(c[2], n * nb + b);
+      break;
+    case kQ4_K:
+      a = a2 = f16(c[3], n * nsb + sb) * float(c[1][n * nb + b]);
+      cc = -(f16(c[4], n * nsb + sb) * float(c[2][n * nb + b]));
+      break;
+    default: {
+      const float d = f16(c[3], n * nsb + sb);
+      a = d * float(int8_t(c[2][n * 2 * nb + 2 * b]));
+      a2 = d * float(int8_t(c[2][n * 2 * nb + 2 * b + 1]));
+    }
+  }
+  v16f lo_f, hi_f;
+  if (w.kind == kQ8_0) {
+    const uint8_t* q = c[0] + n * K + 32 * b;
+    lo_f = splat(a) * to_f(widen_s8(q));
+    hi_f = splat(a2) * to_f(widen_s8(q + 16));
+  } else {
+    const v16i bytes = widen_u8(c[0] + n * (K / 2) + 16 * b);
+    v16i lo = bytes & 15, hi = bytes >> 4;
+    if (w.kind == kQ4_0) {
+      lo -= 8;
+      hi -= 8;
+    } else if (w.kind == kQ6_K) {
+      uint8_t h8[16];
+      std::memcpy(h8, c[1] + n * (K / 4) + 8 * b, 8);
+      std::memcpy(h8 + 8, h8, 8);
+      const v16i h = widen_u8(h8);
+      const v16i s = {0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2};
+      lo = (lo | (((h >> s) & 3) << 4)) - 32;
+      hi = (hi | (((h >> (s + 4)) & 3) << 4)) - 32;
+    }
+    lo_f = splat(a) * to_f(lo) + cc;
+    hi_f = splat(a2) * to_f(hi) + cc;
+  }
+  std::memcpy(out, &lo_f, 64);
+  std::memcpy(out + 16, &hi_f, 64);
+}
+
+// Row n of a weight [N, K] (Rows layout) -> out[0:K].
+inline void decode_row(const Comps& w, int64_t K, int64_t n, float* out) {
+  for (int64_t b = 0; b < K / 32; ++b) decode_row_block(w, K, n, b, out + 32 * b);
+}
+
+// Each component's divisor of the quantized axis and bytes per element, by kind
+// (models/quant.py's FORMATS).
+constexpr int kDiv[kNumKinds][5] = {
+    {1, 32}, {2, 32}, {2, 32, 32}, {2, 32, 32, 256, 256}, {2, 4, 16, 256}};
+constexpr int kSize[kNumKinds][5] = {{1, 2}, {1, 2}, {1, 2, 2}, {1, 1, 1, 2, 2}, {1, 1, 1, 2}};
+constexpr int kNumComps[kNumKinds] = {2, 2, 3, 5, 4};
+
+// Element k (along the quantized axis) of one row or column, one value at a time:
+// at(i, r) points at element r of component i's slice. The plain formulas of the
+// table at the top (the vector decoders' reference and the columns they leave).
+template <typename At>
+inline float value(int kind, At at, int64_t k) {
+  const int64_t b = k / 32, e = k % 32, sb = k / 256;
+  auto h = [&](int i, int64_t r) {
+    uint16_t v;
+    std::memcpy(&v, at(i, r), 2);
+    return pagedjax_convert::f16_to_f32(v);
+  };
+  if (kind == kQ8_0) return h(1, b) * float(int8_t(*at(0, k)));
+  const uint8_t byte = *at(0, 16 * b + e % 16);
+  const int nib = e < 16 ? byte & 15 : byte >> 4;
+  switch (kind) {
+    case kQ4_0: return h(1, b) * float(nib - 8);
+    case kQ4_1: return h(1, b) * float(nib) + h(2, b);
+    case kQ4_K: return (h(3, sb) * float(*at(1, b))) * float(nib) - h(4, sb) * float(*at(2, b));
+    default: {
+      const int hi = (*at(1, 8 * b + e % 8) >> (2 * (e / 8))) & 3;
+      return (h(3, sb) * float(int8_t(*at(2, k / 16)))) * float((nib | (hi << 4)) - 32);
+    }
+  }
+}
+
+// Element (k, n) of a weight [K, N] in the Cols layout.
+inline float value_cols(const Comps& w, int64_t N, int64_t k, int64_t n) {
+  return value(w.kind, [&](int i, int64_t r) {
+    return w.c[i] + (r * N + n) * kSize[w.kind][i];
+  }, k);
+}
+
+// Element k of row n of a weight [N, K] in the Rows layout.
+inline float value_rows(const Comps& w, int64_t K, int64_t n, int64_t k) {
+  return value(w.kind, [&](int i, int64_t r) {
+    return w.c[i] + (n * (K / kDiv[w.kind][i]) + r) * kSize[w.kind][i];
+  }, k);
+}
+
+// decode_cols for the last `cols` < 16 columns: out[32][16], lanes past cols zero.
+inline void decode_cols_tail(const Comps& w, int64_t N, int64_t b, int64_t n, int64_t cols,
+                             float* out) {
+  for (int e = 0; e < 32; ++e)
+    for (int i = 0; i < 16; ++i) out[e * 16 + i] = i < cols ? value_cols(w, N, 32 * b + e, n + i) : 0.0f;
+}
+
+}  // namespace pagedjax_blocks

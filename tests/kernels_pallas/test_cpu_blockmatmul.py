@@ -1,0 +1,153 @@
+"""The C++ GGUF block-weight matmul (kernels_pallas/cpu/blockmatmul.cc).
+
+* For Q8_0, Q4_0, Q4_1, Q4_K and Q6_K blocks, ``x @ W`` (a Linear kernel, the
+  blocks along K) and ``x @ W.T`` (the tied LM head) match
+  ``gguf.quants.dequantize`` + a float64 matmul within
+  ``TOL * sum_k |x_k w_k|`` (float32 accumulation over K terms; TOL = 2e-6) on
+  odd shapes: N past the 16-column strips and the 4-row groups, 1-13 rows, two
+  K parts. Blocks are random bytes written in GGUF's own block layout (scales
+  set to finite float16), repacked by the loader's ``repack_gguf``.
+* Every build path (this CPU's full set, AVX2 + FMA, portable) passes
+  its self-test and the same comparison; paths this machine cannot run are
+  skipped, naming why. A row's bits do not depend on the rest of its batch.
+* Bad arguments raise ValueError naming what to change.
+"""
+
+from __future__ import annotations
+
+import platform
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from gguf.quants import dequantize as gguf_dequantize
+
+from pagedjax.kernels_pallas.cpu import blockmatmul as cpu_block, build as cpu_build
+from pagedjax.models import quant as Q
+from tests.kernels_pallas.test_cpu_native import _flag_id, build_path
+
+pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu",
+                                reason="the C++ kernel is for the CPU backend")
+
+TOL = 2e-6
+# kind -> (GGUF type, bytes a block, block size, byte offsets of its float16 fields)
+GGUF = {
+    "q8_0": (T.Q8_0, 34, 32, (0,)),
+    "q4_0": (T.Q4_0, 18, 32, (0,)),
+    "q4_1": (T.Q4_1, 20, 32, (0, 2)),
+    "q4_k": (T.Q4_K, 144, 256, (0, 2)),
+    "q6_k": (T.Q6_K, 210, 256, (208,)),
+}
+KINDS = tuple(GGUF)
+
+bmm = jax.jit(cpu_block.blockmatmul, static_argnames=("kind", "transposed"))
+
+
+def gguf_rows(kind: str, rows: int, k: int, seed: int) -> np.ndarray:
+    """u8[rows, bytes]: random GGUF blocks of ``kind`` for ``rows`` rows of ``k`` values,
+    each float16 field a finite value of either sign (some subnormal)."""
+    _, size, block, f16_at = GGUF[kind]
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, (rows, k // block, size), dtype=np.uint8)
+    for off in f16_at:
+        h = rng.uniform(0.002, 0.05, (rows, k // block)).astype(np.float16)
+        h[rng.random(h.shape) < 0.05] = np.float16(3e-6)  # a subnormal scale
+        h *= np.where(rng.random(h.shape) < 0.3, -1, 1).astype(np.float16)
+        raw[..., off:off + 2] = h[..., None].view(np.uint8).reshape(rows, k // block, 2)
+    return raw.reshape(rows, -1)
+
+
+def case(kind, m, k, n, seed=0):
+    """x [m, k]; the weight's GGUF rows [n, k] dequantized by gguf (float64 reference
+    [k, n]); our components in the Cols layout [K_c, n] and the Rows layout [n, K_c]."""
+    raw = gguf_rows(kind, n, k, seed)
+    w = gguf_dequantize(raw, GGUF[kind][0]).astype(np.float64)  # [n, k]
+    rows = Q.repack_gguf(kind, raw, k)
+    cols = {c: np.ascontiguousarray(v.T) for c, v in rows.items()}
+    x = np.random.default_rng(seed + 1).standard_normal((m, k)).astype(np.float32)
+    return x, w.T, cols, rows
+
+
+def assert_close(out, x, w):
+    """out ~ x @ w within TOL * sum_k |x_k w_k| (w float64 [k, n])."""
+    xd = x.astype(np.float64)
+    ref, mag = xd @ w, np.abs(xd) @ np.abs(w)
+    err = np.abs(np.asarray(out, np.float64) - ref)
+    assert out.shape == ref.shape and np.all(err <= TOL * mag + 1e-30), \
+        f"max |diff| / bound {np.max(err / (TOL * mag + 1e-30)):.3g}"
+
+
+def run_both(fn, kind, m, k, n, seed):
+    x, w, cols, rows = case(kind, m, k, n, seed)
+    assert_close(fn(kind, cols, x, False), x, w)
+    assert_close(fn(kind, rows, x, True), x, w)
+
+
+def _jit_call(kind, comps, x, transposed):
+    comps = {c: jnp.asarray(v) for c, v in comps.items()}
+    return np.asarray(bmm(kind, comps, jnp.asarray(x), transposed=transposed))
+
+
+def test_builds_here():
+    assert cpu_block.available(), cpu_block.unavailable_reason()
+    assert cpu_build.build_info("cpu_blockmatmul")["so"].endswith(".so")
+    if platform.machine() in ("x86_64", "AMD64"):
+        assert cpu_block.fast()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_matches_gguf_dequantize_float64(kind):
+    block = GGUF[kind][2]
+    for m, k, n in [(1, 2 * block, 37), (5, block, 16), (13, 3 * block, 45), (4, 2 * block, 3)]:
+        run_both(_jit_call, kind, m, k, n, seed=m + n)
+
+
+def _path_call(lib, flags, tag):
+    target = f"pagedjax_blockmatmul_{tag}_{abs(hash(tuple(flags)))}"
+    jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(lib.PagedjaxBlockMatmul),
+                                platform="cpu")
+
+    def run(kind, comps, x, transposed):
+        code, names, _ = cpu_block.KINDS[kind]
+        args = [jnp.asarray(comps[c]) for c in names]
+        args += [jnp.zeros((1,), jnp.uint8)] * (5 - len(args))
+        n = args[0].shape[0] if transposed else args[0].shape[1]
+        call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32))
+        return np.asarray(call(jnp.asarray(x), *args, kind=np.int32(code),
+                               transposed=np.int32(transposed), n_out=np.int64(n)))
+    return run
+
+
+@pytest.mark.parametrize("flags", cpu_build.default_flag_sets(), ids=_flag_id)
+def test_every_build_path_matches_gguf(flags):
+    """Each instruction-set path passes its self-test (in a child process when the
+    builder built it, and here) and matches gguf's dequantization in float64."""
+    lib = build_path(cpu_block.SOURCE, "cpu_blockmatmul", flags)
+    assert lib.PagedjaxSelfTest() == 0
+    run = _path_call(lib, flags, "path")
+    for kind in KINDS:
+        block = GGUF[kind][2]
+        run_both(run, kind, 7, 2 * block, 37, seed=3)
+
+
+def test_row_results_do_not_depend_on_the_batch():
+    for kind in ("q4_1", "q6_k"):
+        x, _, cols, rows = case(kind, 13, 512, 40, seed=9)
+        for comps, t in ((cols, False), (rows, True)):
+            full = _jit_call(kind, comps, x, t)
+            for r in (1, 2, 7):
+                np.testing.assert_array_equal(_jit_call(kind, comps, x[:r], t), full[:r])
+
+
+def test_bad_arguments_name_what_to_change():
+    x, _, cols, _ = case("q4_1", 2, 64, 16)
+    with pytest.raises(ValueError, match="kind 'q5_0'"):
+        cpu_block.blockmatmul("q5_0", cols, jnp.asarray(x))
+    with pytest.raises(ValueError, match="components"):
+        cpu_block.blockmatmul("q4_1", {"qs": cols["qs"]}, jnp.asarray(x))
+    with pytest.raises(ValueError, match="float32"):
+        cpu_block.blockmatmul("q4_1", cols, jnp.asarray(x, jnp.bfloat16))
+    with pytest.raises(ValueError, match="component qs of shape"):
+        cpu_block.blockmatmul("q4_1", cols, jnp.asarray(x[:, :32]))

@@ -1,0 +1,187 @@
+"""GGUF blocks through the C++ block kernel inside the models.
+
+* A tiny Llama GGUF (Q4_0 q/k/v, Q4_K output projection, Q6_K gate/up, Q4_1
+  down projection, tied Q8_0 embedding): with ``plan.block_matmul_rows`` covering a step, its
+  logits equal those of the same file dequantized at load within
+  2e-4 * max(1, max|ref|) (the kernel sums the dequantized weights' products in
+  float32, in another order), the step's program calls the kernel, and with the
+  limit at 0 it does not.
+* The default model (SmolLM2 Q4_1, slow): on 16 prompts the block kernel gives
+  the same greedy tokens as the weights dequantized at load, and the chosen
+  tokens' logprobs agree within 2e-3.
+* ``quantization`` accepts "none"; unset, a GGUF file on the CPU keeps its
+  blocks exactly when the measured choice says the kernel wins (the engine
+  logs which).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+import pagedjax.models as models  # noqa: E402
+from pagedjax.kernels_pallas.cpu import blockmatmul as cpu_block  # noqa: E402
+from pagedjax.models.base import ExecutionPlan  # noqa: E402
+from pagedjax.models.metadata import SeqChunk, build_metadata  # noqa: E402
+from tests.utils.paths import REPO_ROOT  # noqa: E402
+
+pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu",
+                                reason="the C++ block kernel is for the CPU backend")
+GT = gguf.GGMLQuantizationType
+TOL = 2e-4
+
+
+def _raw(kind: str, rows: int, n: int, rng) -> np.ndarray:
+    if kind in ("q8_0", "q4_0", "q4_1"):
+        return gguf.quants.quantize(rng.standard_normal((rows, n)).astype(np.float32) * 0.1,
+                                    GT[kind.upper()])
+    size, f16_at = {"q4_k": (144, (0, 2)), "q6_k": (210, (208,))}[kind]
+    raw = rng.integers(0, 256, (rows, n // 256, size), dtype=np.uint8)
+    for off in f16_at:
+        d = rng.uniform(0.001, 0.01, (rows, n // 256)).astype(np.float16)
+        raw[..., off:off + 2] = d[..., None].view(np.uint8).reshape(rows, n // 256, 2)
+    return raw.reshape(rows, -1)
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    rng = np.random.default_rng(7)
+    h, ffn, heads, kv, vocab, n_layers = 256, 512, 4, 2, 80, 2
+    path = str(tmp_path_factory.mktemp("blocks") / "tiny.gguf")
+    w = gguf.GGUFWriter(path, "llama")
+    for add, v in ((w.add_block_count, n_layers), (w.add_context_length, 64),
+                   (w.add_embedding_length, h), (w.add_feed_forward_length, ffn),
+                   (w.add_head_count, heads), (w.add_head_count_kv, kv),
+                   (w.add_vocab_size, vocab)):
+        add(v)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    d = h // heads
+
+    def add(name, rows, n, kind):
+        w.add_tensor(name, _raw(kind, rows, n, rng), raw_dtype=GT[kind.upper()])
+
+    add("token_embd.weight", vocab, h, "q8_0")
+    w.add_tensor("output_norm.weight", (1 + 0.1 * rng.standard_normal(h)).astype(np.float32))
+    kinds = {"attn_q": "q4_0", "attn_k": "q4_0", "attn_v": "q4_0", "attn_output": "q4_k",
+             "ffn_gate": "q6_k", "ffn_up": "q6_k", "ffn_down": "q4_1"}  # q/k/v, gate/up fuse
+    for i in range(n_layers):
+        b = f"blk.{i}."
+        for n in ("attn_norm", "ffn_norm"):
+            w.add_tensor(b + n + ".weight", (1 + 0.1 * rng.standard_normal(h)).astype(np.float32))
+        shapes = {"attn_q": (heads * d, h), "attn_k": (kv * d, h), "attn_v": (kv * d, h),
+                  "attn_output": (h, heads * d), "ffn_gate": (ffn, h), "ffn_up": (ffn, h),
+                  "ffn_down": (h, ffn)}
+        for name, (rows, n) in shapes.items():
+            add(b + name + ".weight", rows, n, kinds[name])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _step(model, params, ids, plan):
+    """(logits of every row, the step's lowered program text)."""
+    meta = build_metadata([SeqChunk(list(range(1, 1 + -(-len(ids) // 4))), 0, len(ids))], 4)
+    caches = model.allocate_kv_caches(-(-len(ids) // 4) + 1, 4)
+
+    def run(params, caches, ids, meta):
+        hidden, _ = model.forward(params, caches, ids, meta, plan)
+        return model.compute_logits(params, hidden, plan)
+
+    args = (params, caches, jnp.asarray(ids, jnp.int32), meta)
+    text = jax.jit(run).lower(*args).as_text()
+    return np.asarray(jax.jit(run)(*args)), text
+
+
+def test_tiny_model_through_the_block_kernel(tiny_gguf):
+    assert cpu_block.available(), cpu_block.unavailable_reason()
+    m_f, p_f = models.load_model(tiny_gguf, dtype="float32")
+    m_q, p_q = models.load_model(tiny_gguf, dtype="float32", quantization="gguf")
+    assert set(m_q.quantized.values()) == {"q8_0", "q4_0", "q4_1", "q4_k", "q6_k"}
+    ids = [int(i) for i in np.random.default_rng(1).integers(0, 80, 11)]
+    ref, _ = _step(m_f, p_f, ids, ExecutionPlan(attn_backend="cpu_native"))
+    tol = TOL * max(1.0, float(np.abs(ref).max()))
+    for rows in (64, 0):
+        plan = ExecutionPlan(attn_backend="cpu_native", block_matmul_rows=rows)
+        got, text = _step(m_q, p_q, ids, plan)
+        assert (cpu_block.TARGET in text) == (rows > 0)
+        err = float(np.abs(got - ref).max())
+        assert np.isfinite(got).all() and err <= tol, f"rows {rows}: {err:.3g} > {tol:.3g}"
+
+
+def test_quantization_none_dequantizes(tiny_gguf):
+    m, p = models.load_model(tiny_gguf, dtype="float32", quantization="none")
+    assert m.quantized == {}
+    with pytest.raises(ValueError, match="quantization"):
+        models.load_model(tiny_gguf, quantization="q4")
+
+
+def test_default_for_gguf_follows_the_measured_choice(monkeypatch, tiny_gguf):
+    from pagedjax.config import EngineArgs
+    from pagedjax.engine.llm_engine import weight_quantization
+
+    resolved = models.resolve_model(tiny_gguf)
+    monkeypatch.setenv("PAGEDJAX_BLOCK_MATMUL_ROWS", "0")  # read before any cache
+    from pagedjax.kernels_pallas.cpu import block_rows
+
+    assert block_rows.decide("unused.so", measure_fn=None) == {"rows": 0, "default": False}
+    assert weight_quantization(EngineArgs(model=tiny_gguf, quantization="none"), resolved) is None
+    assert weight_quantization(EngineArgs(model=tiny_gguf, quantization="gguf"), resolved) == "gguf"
+    assert weight_quantization(EngineArgs(model=tiny_gguf, tensor_parallel_size=2),
+                               resolved) is None
+    assert weight_quantization(EngineArgs(model=tiny_gguf, attention_backend="xla"),
+                               resolved) is None
+
+
+def test_block_choice_rule():
+    from pagedjax.kernels_pallas.cpu import block_rows
+
+    win = {r: {"block": 1.0, "jnp": 2.0, "float": 1.5} for r in (1, 16, 128)}
+    assert block_rows.choose(win) == {"rows": 128, "default": True}
+    lose_big = {**win, 128: {"block": 2.0, "jnp": 2.5, "float": 1.0}}
+    assert block_rows.choose(lose_big) == {"rows": 128, "default": False}
+    never = {r: {"block": 3.0, "jnp": 2.0, "float": 1.0} for r in (1, 16)}
+    assert block_rows.choose(never) == {"rows": 0, "default": False}
+
+
+_PARITY = r"""
+import json, sys
+from pagedjax import LLM, SamplingParams
+prompts = [f"Question {i}: name one thing about the number {i * 7 + 3}." for i in range(16)]
+out = {}
+for q in ("none", "gguf"):
+    llm = LLM(sys.argv[1], quantization=q, max_num_seqs=16)
+    res = llm.generate(prompts, SamplingParams(max_tokens=16, temperature=0.0, logprobs=1))
+    out[q] = {"rows": llm.llm_engine.runner.plan.block_matmul_rows,
+              "tokens": [list(r.outputs[0].token_ids) for r in res],
+              "lp": [[d[t].logprob for d, t in zip(r.outputs[0].logprobs, r.outputs[0].token_ids)]
+                     for r in res]}
+    del llm
+print("RESULT" + json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_default_model_greedy_tokens_equal_dequantized(smollm2_gguf):
+    env = dict(os.environ, PAGEDJAX_BLOCK_MATMUL_ROWS="4096")  # every step through the kernel
+    r = subprocess.run([sys.executable, "-c", _PARITY, smollm2_gguf], capture_output=True,
+                       text=True, timeout=1800, env=env, cwd=REPO_ROOT)
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT")]
+    assert r.returncode == 0 and line, r.stderr[-3000:]
+    out = json.loads(line[0][len("RESULT"):])
+    assert out["gguf"]["rows"] == 4096
+    assert out["gguf"]["tokens"] == out["none"]["tokens"]
+    for a, b in zip(out["gguf"]["lp"], out["none"]["lp"]):
+        assert np.allclose(a, b, atol=2e-3), (a, b)
