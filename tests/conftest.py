@@ -7,6 +7,11 @@ import os
 
 import pytest
 
+# libtpu (test extra) takes a host-wide lock when a process first starts JAX; the
+# device-less TPU compile tests (tests/worker/test_aot.py, test_tpu_compile.py) need
+# it in every worker, so let each process load it.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
 
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> str:

@@ -4,7 +4,8 @@
 # 1. tests/kernels_pallas/test_kernels.py with the Triton kernel native (PAGEDJAX_KERNEL_NATIVE=1;
 #    the TPU-kernel cases are deselected: they would only run its interpreter);
 # 2. benchmarks/kernels/attention_kernels.py (decode/mixed grid, HBM bandwidth vs peak, JAX's own
-#    GPU paged attention on the same decode inputs).
+#    GPU paged attention on the same decode inputs);
+# 3. benchmarks/kernels/roofline.py: each measured row beside its roofline time on this GPU.
 # Everything lands in $OUT (default benchmarks/results). Exit status: tests' or bench's.
 set -u
 cd "$(dirname "$0")/../.."
@@ -20,7 +21,10 @@ TEST_RC=$?
 timeout 240 "$PY" benchmarks/kernels/attention_kernels.py ${BENCH_ARGS:-} --json "$OUT/attention_kernels.json" \
   > "$OUT/bench.log" 2>&1
 BENCH_RC=$?
+timeout 60 "$PY" benchmarks/kernels/roofline.py --measured "$OUT/attention_kernels.json" \
+  --json "$OUT/roofline.json" > "$OUT/roofline.log" 2>&1
 tail -n 25 "$OUT/test_kernels.log"
 tail -n 40 "$OUT/bench.log"
+cat "$OUT/roofline.log"
 echo "tests rc=$TEST_RC bench rc=$BENCH_RC (logs in $OUT)"
 [ "$TEST_RC" -eq 0 ] && [ "$BENCH_RC" -eq 0 ]

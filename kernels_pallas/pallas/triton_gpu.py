@@ -56,6 +56,19 @@ Softmax is online in f32 (running max ``m``, sum ``l``, accumulator
 ``acc``); masked logits are replaced (not added to) and their probabilities
 forced to 0, so fully masked rows give 0, never NaN.
 
+Block sizes and warps (register headroom). The K/V tiles are gathered
+through tensors of pointers (one 64-bit address per element until the load),
+so registers per thread grow with ``BK * D`` and ``M * D`` over the threads of
+a block. Compiled for sm_90a and sm_80 (kernels_pallas/pallas/gpu_compile.py),
+mixed tiles of ``M = 64`` rows on 4 warps used 242-255 registers at
+``D = 128`` and spilled at ``D = 256``. So: mixed tiles hold ``M = 32`` rows
+(``BQ = 32 // G`` queries), decode tiles 16; ``D = 256`` runs on 8 warps,
+smaller heads on 4; ``BK`` = 64 keys (32 at ``D = 256``). Every variant the
+engine can launch then compiles with no spill and at most 219 registers
+(BENCHMARKS.md lists each, with its occupancy: 2-4 blocks of 4 warps, or 1-2
+of 8, per SM). The cost: a prefill chunk's keys are read once per 32 query
+rows instead of 64 (from L2 mostly; prefill stays compute-bound).
+
 Native limits (checked, ValueError): head_dim a power of two >= 16 (Triton
 dot); ``interpret=True`` accepts any power of two so CPU tests can stay tiny.
 ``block_k`` must be a power of two >= 16.
@@ -76,6 +89,10 @@ from pagedjax.kernels_pallas.reference import check_args
 from pagedjax.kernels_pallas.tiling import tile_table
 
 _NEG = -1e30
+# Query rows of a mixed tile (BQ * G, rounded up to a power of two) and the head
+# size from which blocks get 8 warps: register headroom (module docstring).
+_MIXED_ROWS = 32
+_WIDE_HEAD = 256
 # Programs wanted in flight for a decode step: ~2 waves on an H100/H200.
 _TARGET_PROGRAMS = 264
 _MAX_SPLITS = 16
@@ -257,6 +274,25 @@ def _check_kernel_args(q, kv_pages, interpret: bool) -> None:
                                          jnp.dtype(jnp.float16), jnp.dtype(jnp.int8),
                                          jnp.dtype(jnp.float8_e4m3fn)):
         raise ValueError(f"kv_pages: unsupported dtype {kv_pages.dtype}")
+    if not interpret and jnp.dtype(kv_pages.dtype) == jnp.dtype(jnp.float8_e4m3fn):
+        cc = _compute_capability()
+        if cc is not None and cc < (8, 9):
+            raise ValueError(
+                f"kv_pages: fp8 pages need a GPU of compute capability >= 8.9 (Ada, Hopper); "
+                f"this one is {cc[0]}.{cc[1]}: use kv_cache_dtype='int8' or 'auto'")
+
+
+def _compute_capability() -> tuple[int, int] | None:
+    """The first GPU's compute capability, None without one."""
+    try:
+        dev = jax.devices("gpu")[0]
+    except RuntimeError:
+        return None
+    cc = getattr(dev, "compute_capability", None)
+    if not cc:
+        return None
+    major, minor = str(cc).split(".")
+    return int(major), int(minor)
 
 
 def plan(t: int, s: int, hq: int, hkv: int, d: int, page_size: int, pages_per_seq: int,
@@ -265,7 +301,7 @@ def plan(t: int, s: int, hq: int, hkv: int, d: int, page_size: int, pages_per_se
     g = hq // hkv
     if block_q is None:
         bound = t if max_q_len is None else min(max_q_len, t)
-        block_q = 1 if bound <= 1 else max(1, min(bound, 64 // g))
+        block_q = 1 if bound <= 1 else max(1, min(bound, _MIXED_ROWS // g))
     m_rows = _next_pow2(max(block_q * g, 16))
     num_tiles = t if block_q == 1 else min(t, -(-t // block_q) + s)
     num_tiles = max(num_tiles, 1)
@@ -310,7 +346,7 @@ def ragged_paged_attention(
     bq, m_rows, bk, num_tiles, splits = plan(
         t, s, hq, hkv, d, page_size, p, max_q_len, block_q, block_k, kv_splits)
     if num_warps is None:
-        num_warps = 4 if m_rows <= 64 else 8
+        num_warps = 8 if (d >= _WIDE_HEAD or m_rows > 64) else 4
     return _run(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, kv_scales,
                 sm_scale=float(sm_scale),
                 sliding_window=None if sliding_window is None else int(sliding_window),

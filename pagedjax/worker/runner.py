@@ -121,7 +121,8 @@ class Runner:
     """Owns params, the KV pool and the compiled step."""
 
     def __init__(self, model, params, kv_caches, *, page_size: int, max_num_seqs: int,
-                 max_num_batched_tokens: int, max_model_len: int, plan: ExecutionPlan):
+                 max_num_batched_tokens: int, max_model_len: int, plan: ExecutionPlan,
+                 sample_backend: str | None = None):
         self.model = model
         self.params = params
         self.kv_caches = kv_caches
@@ -153,7 +154,7 @@ class Runner:
         self.dispatch_cpu_seconds = 0.0  # the same, CPU time of the calling thread
         self.s_max = pow2(max_num_seqs, 1)  # rows per step, padded: the token source width
         self._no_tokens = jnp.zeros(self.s_max, jnp.int32)
-        self._sample_backend: str | None = None  # see sample_backend
+        self._sample_backend = sample_backend  # see sample_backend (None: resolved on use)
         # Warm-up running in the background (compile_pool.py), or None.
         self.compile_pool = None
         CompileCounter.install()
@@ -169,6 +170,7 @@ class Runner:
 
             rep, kv_sh = step_shardings(self.mesh, kv_caches)
             step_out, copy_out = (rep, rep, kv_sh), kv_sh
+        self.logits_sharding = step_out[0] if step_out else None  # as the step returns them
         self._step = jax.jit(self._step_impl, static_argnames=("spec", "plan", "prompt_k"),
                              donate_argnums=(1,), out_shardings=step_out)
         self._sample = jax.jit(self._sample_impl,
@@ -394,7 +396,8 @@ class Runner:
         st = sampler_mod.program_flags(st, backend)
         rows = len(st.greedy)
         sbufs, sspec = pack((st, np.zeros(rows, np.int32)))
-        logits = jax.ShapeDtypeStruct((num_logits, self.vocab_size), jnp.float32)
+        logits = jax.ShapeDtypeStruct((num_logits, self.vocab_size), jnp.float32,
+                                      sharding=self.logits_sharding)
         key = ("sampler", num_logits, sspec, num_logprobs)
         return key, lambda: self._sample.lower(logits, sbufs, spec=sspec,
                                                num_logprobs=num_logprobs,

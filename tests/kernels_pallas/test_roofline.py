@@ -1,0 +1,51 @@
+"""Roofline counts (kernels_pallas/pallas/roofline.py) against hand counts."""
+
+from __future__ import annotations
+
+import pytest
+
+from pagedjax.kernels_pallas.pallas import roofline as rl
+
+
+def test_decode_attention_bytes_and_flops_by_hand():
+    # 2 decode rows, contexts 10 and 20; 4 query heads over 2 KV heads of 8; bf16.
+    c = rl.attention([1, 1], [10, 20], hq=4, hkv=2, d=8, kv_itemsize=2)
+    kv = 2 * (10 + 20) * 2 * 8 * 2  # K and V rows of both KV heads
+    qo = 2 * 2 * 4 * 8 * 2  # q in, out out
+    assert c.bytes == kv + qo
+    assert c.flops == 4 * 4 * 8 * (10 + 20)
+
+
+def test_prefill_is_causal_and_window_limits_keys():
+    c = rl.attention([4], [4], hq=1, hkv=1, d=1, kv_itemsize=2)
+    assert c.flops == 4 * (1 + 2 + 3 + 4)
+    w = rl.attention([4], [4], hq=1, hkv=1, d=1, kv_itemsize=2, window=2)
+    assert w.flops == 4 * (1 + 2 + 2 + 2)
+    assert w.bytes < rl.attention([1], [100], hq=1, hkv=1, d=1, kv_itemsize=2).bytes
+
+
+def test_quantized_pages_count_their_scales():
+    bf16 = rl.attention([1], [100], hq=8, hkv=8, d=128, kv_itemsize=2)
+    int8 = rl.attention([1], [100], hq=8, hkv=8, d=128, kv_itemsize=1, quantized=True)
+    qo = 2 * 1 * 8 * 128 * 2
+    assert bf16.bytes == 2 * 100 * 8 * 128 * 2 + qo
+    assert int8.bytes == 2 * 100 * (8 * 128 + 8 * 4) + qo  # 1-byte values + f32 scales
+
+
+def test_seconds_is_the_slower_of_bandwidth_and_compute():
+    chip = rl.CHIPS["H100"]
+    mem = rl.Cost(chip.hbm_bytes_per_s, 1.0)
+    assert mem.seconds(chip) == pytest.approx(1.0)
+    flop = rl.Cost(1.0, chip.bf16_flops_per_s * 2)
+    assert flop.seconds(chip) == pytest.approx(2.0)
+    assert mem.seconds(chip, tp=4) == pytest.approx(0.25)
+
+
+def test_decode_step_is_weight_bound_at_batch_one():
+    m = rl.LLAMA_8B
+    assert 7.0e9 < m.matmul_params() < 8.1e9  # 8B less the input embedding
+    one = rl.decode_step(m, 1, 2048)
+    assert one.bytes == pytest.approx(m.weight_bytes_read(), rel=0.02)
+    # H100: 15 GB at 3.35 TB/s is about 4.6 ms.
+    assert 4.0e-3 < one.seconds(rl.CHIPS["H100"]) < 5.0e-3
+    assert rl.decode_step(m, 64, 2048).bytes > one.bytes
