@@ -136,7 +136,8 @@ def run(ns) -> dict:
                     b.start()
                 time.sleep(1.0 if boards else 0.0)
                 # Fresh prompts every phase: no prefix-cache hits from an earlier phase.
-                res = asyncio.run(phase(url, ns.api_key, model, ns, seed=1 + 2 * rnd + (n_dash > 0)))
+                seed = 1 + 2 * rnd + (n_dash > 0)
+                res = asyncio.run(phase(url, ns.api_key, model, ns, seed=seed))
                 for b in boards:
                     b.stop.set()
                 res.update(round=rnd, dashboards=n_dash, events=sum(b.events for b in boards),

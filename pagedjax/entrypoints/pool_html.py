@@ -36,7 +36,7 @@ def grid_svg(snap: dict, cell: int = 14, cols: int = 48) -> str:
     for i, kind in enumerate(grid):
         page = i + 1
         x, y = (i % cols) * cell, (i // cols) * cell
-        fill = FREE if kind == "." else CACHED if kind == "c" else request_color(owner.get(page, "?"))
+        fill = {".": FREE, "c": CACHED}.get(kind) or request_color(owner.get(page, "?"))
         stroke = ' stroke="#0b4f8a" stroke-width="2"' if kind == "p" else ""
         title = escape(f"page {page}: {owner.get(page, {'.': 'free', 'c': 'cached'}.get(kind, ''))}"
                        + (f", {refs[str(page)]} refs" if str(page) in refs else ""))

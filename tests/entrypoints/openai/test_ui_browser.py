@@ -202,3 +202,77 @@ def test_dashboard_grid_follows_eight_requests(browser, server):
     assert int(grid.get_attribute("data-free")) + int(grid.get_attribute("data-cached")) == total
     assert b.find("#c-running").text == "0"
     assert b.find("#status").text == "live"
+
+
+def test_regenerate_and_edit(browser, server):
+    b = browser
+    open_page(b, server, "/")
+    b.find("#clear").click()
+    set_field(b, "temperature", 0)
+    set_field(b, "max_tokens", 12)
+    send(b, "Say the word apple.")
+    b.wait(lambda: last_answer(b), what="an answer")
+    first = wait_answer_done(b)
+    b.find(".msg.assistant .regenerate").click()
+    again = wait_answer_done(b)
+    assert again[0] == "done" and again[1] == first[1]  # greedy: the same answer, in its place
+    assert len(b.find_all(".msg")) == 2
+    b.find(".msg.user .edit").click()
+    box = b.find(".msg.user .edit-box")
+    box.clear()
+    box.send_keys("Say the word banana.")
+    b.find(".msg.user .save").click()
+    b.wait(lambda: b.find_all(".msg.user")[0].text.endswith("banana."), what="the edit")
+    edited = wait_answer_done(b)
+    assert edited[0] == "done" and len(b.find_all(".msg")) == 2
+    ref = server.client().chat.completions.create(
+        model=server.model, messages=[{"role": "user", "content": "Say the word banana."}],
+        temperature=0, top_p=0.95, max_tokens=12, extra_body={"top_k": -1})
+    assert norm(edited[1]) == norm(ref.choices[0].message.content)
+
+
+def test_settings_sent_and_reasoning_and_tool_calls_shown_apart(browser, server):
+    """The page's request carries the side panel's settings; a stream with reasoning and
+    tool-call deltas (served by a stand-in for fetch) renders them in their own boxes."""
+    b = browser
+    open_page(b, server, "/")
+    b.find("#clear").click()
+    b.find("#system").send_keys("You are terse.")
+    for field, value in (("temperature", 0.3), ("top_p", 0.8), ("top_k", 20),
+                         ("max_tokens", 40), ("seed", 7)):
+        set_field(b, field, value)
+    b.js("""
+      const chunks = [
+        {choices: [{delta: {role: 'assistant', reasoning_content: 'The user wants '}}]},
+        {choices: [{delta: {reasoning_content: 'the <b>weather</b>.'}}]},
+        {choices: [{delta: {tool_calls: [{index: 0, id: 'call_1', type: 'function',
+                    function: {name: 'get_weather', arguments: '{"city": '}}]}}]},
+        {choices: [{delta: {tool_calls: [{index: 0, function: {arguments: '"Paris"}'}}]}}]},
+        {choices: [{delta: {}, finish_reason: 'tool_calls'}],
+         usage: {prompt_tokens: 9, completion_tokens: 12, total_tokens: 21}}];
+      const real = window.fetch;
+      window.sentBodies = [];
+      window.fetch = (url, opts) => {
+        if (!String(url).endsWith('/v1/chat/completions')) return real(url, opts);
+        window.sentBodies.push(JSON.parse(opts.body));
+        const text = chunks.map((c) => 'data: ' + JSON.stringify(c) + '\\n\\n').join('')
+                     + 'data: [DONE]\\n\\n';
+        return Promise.resolve(new Response(text, {status: 200,
+                               headers: {'Content-Type': 'text/event-stream'}}));
+      };""")
+    send(b, "Weather in Paris?")
+    b.wait(lambda: last_answer(b), what="an answer")
+    assert wait_answer_done(b)[0] == "done"
+    sent = b.js("return window.sentBodies")[0]
+    assert sent["messages"] == [{"role": "system", "content": "You are terse."},
+                                {"role": "user", "content": "Weather in Paris?"}]
+    assert (sent["temperature"], sent["top_p"], sent["top_k"], sent["max_tokens"],
+            sent["seed"], sent["stream"]) == (0.3, 0.8, 20, 40, 7, True)
+    assert sent["model"] == server.model
+    msg = b.find_all(".msg.assistant")[-1]
+    reasoning = msg.find_element("css selector", "details.reasoning")
+    assert "The user wants the <b>weather</b>." in reasoning.get_attribute("textContent")
+    call = msg.find_element("css selector", ".tool-call")
+    assert "get_weather" in call.text and '{"city": "Paris"}' in call.text
+    assert not b.find_all("#messages b")  # the reasoning's markup stayed text
+    b.driver.refresh()  # the real fetch again for the tests after this one

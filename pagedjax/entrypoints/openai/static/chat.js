@@ -143,6 +143,19 @@
     }
   }
 
+  // Add one stream chunk to the message; true when it carried output.
+  function applyChunk(msg, chunk) {
+    if (chunk.error) throw new Error(chunk.error.message || "stream error");
+    if (chunk.usage) msg.timing.tokens = chunk.usage.completion_tokens;
+    const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta;
+    if (!delta) return false;
+    const reasoning = delta.reasoning_content || delta.reasoning;
+    if (delta.content) msg.content += delta.content;
+    if (reasoning) msg.reasoning += reasoning;
+    (delta.tool_calls || []).forEach((d) => mergeToolCall(msg.toolCalls, d));
+    return Boolean(delta.content || reasoning || (delta.tool_calls && delta.tool_calls.length));
+  }
+
   function setBusy(busy) {
     $("send").disabled = busy;
     $("stop").disabled = !busy;
@@ -174,20 +187,10 @@
         body: JSON.stringify(body), signal: controller.signal });
       if (!r.ok) throw new Error(await PJ.errorText(r));
       for await (const chunk of PJ.sseEvents(r)) {
-        if (chunk.error) throw new Error(chunk.error.message || "stream error");
-        if (chunk.usage) msg.timing.tokens = chunk.usage.completion_tokens;
-        const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta;
-        if (!delta) continue;
-        const piece = delta.content || delta.reasoning_content || delta.reasoning || delta.tool_calls;
-        if (piece && first === null) {
+        if (applyChunk(msg, chunk) && first === null) {
           first = performance.now();
           msg.timing.ttft = first - t0;
         }
-        if (delta.content) msg.content += delta.content;
-        if (delta.reasoning_content || delta.reasoning) {
-          msg.reasoning += delta.reasoning_content || delta.reasoning;
-        }
-        (delta.tool_calls || []).forEach((d) => mergeToolCall(msg.toolCalls, d));
         redraw();
       }
       msg.state = "done";
