@@ -5,7 +5,7 @@
 #    the TPU-kernel cases are deselected: they would only run its interpreter);
 # 2. benchmarks/attention_kernels.py (decode/mixed grid, HBM bandwidth vs peak, JAX's own
 #    GPU paged attention on the same decode inputs);
-# 3. benchmarks/kernels/roofline.py: each measured row beside its roofline time on this GPU.
+# 3. benchmarks/device_checks/roofline.py: each measured row beside its roofline time on this GPU.
 # Everything lands in $OUT (default benchmarks/results). Exit status: tests' or bench's.
 set -u
 cd "$(dirname "$0")/.."
@@ -21,7 +21,7 @@ TEST_RC=$?
 timeout 240 "$PY" benchmarks/attention_kernels.py ${BENCH_ARGS:-} --json "$OUT/attention_kernels.json" \
   > "$OUT/bench.log" 2>&1
 BENCH_RC=$?
-timeout 60 "$PY" benchmarks/kernels/roofline.py --measured "$OUT/attention_kernels.json" \
+timeout 60 "$PY" benchmarks/device_checks/roofline.py --measured "$OUT/attention_kernels.json" \
   --json "$OUT/roofline.json" > "$OUT/roofline.log" 2>&1
 tail -n 25 "$OUT/test_kernels.log"
 tail -n 40 "$OUT/bench.log"
