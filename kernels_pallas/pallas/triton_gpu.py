@@ -276,14 +276,14 @@ def _check_kernel_args(q, kv_pages, interpret: bool) -> None:
                                          jnp.dtype(jnp.float8_e4m3fn)):
         raise ValueError(f"kv_pages: unsupported dtype {kv_pages.dtype}")
     if not interpret and jnp.dtype(kv_pages.dtype) == jnp.dtype(jnp.float8_e4m3fn):
-        cc = _compute_capability()
+        cc = compute_capability()
         if cc is not None and cc < (8, 9):
             raise ValueError(
                 f"kv_pages: fp8 pages need a GPU of compute capability >= 8.9 (Ada, Hopper); "
                 f"this one is {cc[0]}.{cc[1]}: use kv_cache_dtype='int8' or 'auto'")
 
 
-def _compute_capability() -> tuple[int, int] | None:
+def compute_capability() -> tuple[int, int] | None:
     """The first GPU's compute capability, None without one."""
     try:
         dev = jax.devices("gpu")[0]

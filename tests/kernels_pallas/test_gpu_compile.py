@@ -140,3 +140,19 @@ def test_parse_ptxas_and_occupancy():
     assert occ == dict(blocks=3, limiter="registers", occupancy=12 / 64)
     big = dataclasses.replace(res, registers=64, shared_bytes=100 * 1024)
     assert gc.occupancy(big)["limiter"] == "shared"
+
+
+def test_fp8_pages_are_refused_on_an_a100(monkeypatch):
+    """What the sm_80 compile error means for a user: a ValueError naming kv_pages."""
+    import jax.numpy as jnp
+
+    from pagedjax.kernels_pallas.pallas import triton_gpu
+
+    monkeypatch.setattr(triton_gpu, "compute_capability", lambda: (8, 0))
+    q = jnp.zeros((1, 1, 16), jnp.bfloat16)
+    kv = jnp.zeros((2, 2, 1, 16, 16), jnp.float8_e4m3fn)
+    sc = jnp.ones((2, 2, 1, 16), jnp.float32)
+    i = lambda *v: jnp.asarray(v, jnp.int32)  # noqa: E731
+    with pytest.raises(ValueError, match="kv_pages: fp8 pages need a GPU of compute capability"):
+        triton_gpu.ragged_paged_attention(q, kv, i(1), i([1]), i(0, 1), i(1), sm_scale=1.0,
+                                          kv_scales=sc, interpret=False)
