@@ -65,7 +65,7 @@ mixed tiles of ``M = 64`` rows on 4 warps used 242-255 registers at
 (``BQ = 32 // G`` queries), decode tiles 16; ``D = 256`` runs on 8 warps,
 smaller heads on 4; ``BK`` = 64 keys (32 at ``D = 256``). The checked
 variants then use at most 219 registers, with no spill beyond a few bytes
-that ptxas 13 spills on sm_90a at 96-168 registers under triton's flags
+that ptxas 13 spills at exact occupancy steps (96, 128, 168 registers)
 (BENCHMARKS.md lists each, with its occupancy: 2-6 blocks of 4 warps, or 1-2
 of 8, per SM). The cost: a prefill chunk's keys are read once per 32 query
 rows instead of 64 (from L2 mostly; prefill stays compute-bound).

@@ -60,10 +60,10 @@ def test_variant_compiles_without_spills_with_headroom(v, arch):
     assert occ["blocks"] >= 1 and 0 < occ["occupancy"] <= 1
 
 
-# ptxas 13 on sm_90a, run as triton 3.9 runs it (with --regAllocOptLevel=2, its
-# workaround for a ptxas 13 bug), spills a few bytes in some variants at 96-168
-# registers, far from the limit; the same PTX without that flag spills nothing.
-# The check counts them (any spill fails): kept here as known failures.
+# ptxas 13, run as triton 3.9 runs it, spills a few bytes in some variants at exactly
+# 96, 128 or 168 registers (occupancy steps of 4-warp blocks), far from the limit; in
+# the sm_90a cases tried the same PTX without triton's --regAllocOptLevel=2 spills
+# nothing. The check counts them (any spill fails): kept here as known failures.
 MICRO_SPILLS = [
     gv.GpuVariant("decode", 128, 8, "float8_e4m3fn", 64, True, False, 1),
     gv.GpuVariant("mixed", 64, 3, "bfloat16", 16, False, True, 4),
@@ -71,7 +71,7 @@ MICRO_SPILLS = [
 
 
 @pytest.mark.xfail(strict=True, raises=gc.CompileCheckError,
-                   reason="sm_90a micro-spill under triton 3.9's ptxas flags (BENCHMARKS.md)")
+                   reason="micro-spill at an occupancy step under triton 3.9's ptxas (BENCHMARKS.md)")
 @pytest.mark.parametrize("v", MICRO_SPILLS, ids=[v.label for v in MICRO_SPILLS])
 def test_sm90a_micro_spills(v):
     res = _compile(v, "sm_90a")
