@@ -24,7 +24,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
-SETS = ("representative", "full", "mixed")
+SETS = ("representative", "full", "mixed", "groups")
 
 
 def _variants(name: str, **tune):
@@ -35,6 +35,9 @@ def _variants(name: str, **tune):
     elif name == "mixed":  # the register-heaviest family, every head size and page dtype
         out = [gv.GpuVariant("mixed", d, 4, dt, 16, True, True, 1)
                for d in gv.HEAD_DIMS for dt in gv.PAGE_DTYPES]
+    elif name == "groups":  # every GQA group x page size, decode and mixed, d128 int8
+        out = [gv.GpuVariant(k, 128, g, "int8", ps, True, True, 1)
+               for k in gv.KINDS for g in gv.GROUPS for ps in gv.PAGE_SIZES]
     else:
         out = gv.representative()
     tune = {k: x for k, x in tune.items() if x}

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import io
+import os
 import re
 import sys
 import tempfile
-from typing import Callable, Sequence
+from typing import Callable
 
 import jax
 
@@ -216,27 +216,19 @@ def check(res: KernelResources, headroom_registers: int = 0) -> KernelResources:
     """Raise :class:`CompileCheckError` on any spill, shared memory past the
     SM's per-block limit, or (``headroom_registers``) fewer spare registers."""
     lim = ARCHS[res.arch]
-    where = f"{res.name} on {res.arch}"
+    problems = []
     if res.spill_stores or res.spill_loads:
-        raise CompileCheckError(f"{where}: spills {res.spill_stores} B stored, "
-                                f"{res.spill_loads} B loaded ({res.registers} registers)")
+        problems.append(f"spills {res.spill_stores} B stored, {res.spill_loads} B loaded "
+                        f"({res.registers} registers)")
     if res.shared_bytes > lim.smem_per_block:
-        raise CompileCheckError(f"{where}: {res.shared_bytes} B of shared memory, more "
-                                f"than the {lim.smem_per_block} B a block may use")
+        problems.append(f"{res.shared_bytes} B of shared memory, more than the "
+                        f"{lim.smem_per_block} B a block may use")
     if res.registers > lim.regs_per_thread - headroom_registers:
-        raise CompileCheckError(f"{where}: {res.registers} registers per thread, within "
-                                f"{headroom_registers} of the limit {lim.regs_per_thread}")
+        problems.append(f"{res.registers} registers per thread, within {headroom_registers} "
+                        f"of the limit {lim.regs_per_thread}")
+    if problems:
+        raise CompileCheckError(f"{res.name} on {res.arch}: " + "; ".join(problems))
     return res
-
-
-def compile_and_check(fn: Callable, args: Sequence, archs: Sequence[str] = tuple(ARCHS),
-                      headroom_registers: int = 0) -> list[KernelResources]:
-    """Capture every Triton kernel of ``fn(*args)`` and check each on each arch."""
-    kernels = capture(fn, *args)
-    if not kernels:
-        raise CompileCheckError("the function launches no Triton kernel")
-    return [check(compile_kernel(k, arch), headroom_registers)
-            for k in kernels for arch in archs]
 
 
 def triton_unavailable() -> str | None:

@@ -50,6 +50,11 @@ kernel), online softmax with ``m``, ``l``, ``acc`` in VMEM scratch. V rows
 (and V scales) past the context are zeroed so NaN garbage in unused pages
 never reaches the output.
 
+VMEM headroom: the two-slot K/V buffer gets at most 8 MiB and the kernel asks
+for a 64 MiB scoped limit (v5e and v6e have 128 MiB per core); libtpu
+compiles every checked variant under 80% of that limit
+(kernels_pallas/pallas/tpu_compile.py), one program per TensorCore at a time.
+
 Native limits (checked, ValueError): ``head_dim`` a multiple of 128 or
 exactly 64 (lane tiles; 64 runs at half lane use, no padding copy of the
 cache); ``page_size`` a multiple of 8 (whole f32 sublane tiles, so the

@@ -63,9 +63,10 @@ a block. Compiled for sm_90a and sm_80 (kernels_pallas/pallas/gpu_compile.py),
 mixed tiles of ``M = 64`` rows on 4 warps used 242-255 registers at
 ``D = 128`` and spilled at ``D = 256``. So: mixed tiles hold ``M = 32`` rows
 (``BQ = 32 // G`` queries), decode tiles 16; ``D = 256`` runs on 8 warps,
-smaller heads on 4; ``BK`` = 64 keys (32 at ``D = 256``). Every variant the
-engine can launch then compiles with no spill and at most 219 registers
-(BENCHMARKS.md lists each, with its occupancy: 2-4 blocks of 4 warps, or 1-2
+smaller heads on 4; ``BK`` = 64 keys (32 at ``D = 256``). The checked
+variants then use at most 219 registers, with no spill beyond a few bytes
+that ptxas 13 spills at exact occupancy steps (96, 128, 168 registers)
+(BENCHMARKS.md lists each, with its occupancy: 2-6 blocks of 4 warps, or 1-2
 of 8, per SM). The cost: a prefill chunk's keys are read once per 32 query
 rows instead of 64 (from L2 mostly; prefill stays compute-bound).
 
@@ -275,14 +276,14 @@ def _check_kernel_args(q, kv_pages, interpret: bool) -> None:
                                          jnp.dtype(jnp.float8_e4m3fn)):
         raise ValueError(f"kv_pages: unsupported dtype {kv_pages.dtype}")
     if not interpret and jnp.dtype(kv_pages.dtype) == jnp.dtype(jnp.float8_e4m3fn):
-        cc = _compute_capability()
+        cc = compute_capability()
         if cc is not None and cc < (8, 9):
             raise ValueError(
                 f"kv_pages: fp8 pages need a GPU of compute capability >= 8.9 (Ada, Hopper); "
                 f"this one is {cc[0]}.{cc[1]}: use kv_cache_dtype='int8' or 'auto'")
 
 
-def _compute_capability() -> tuple[int, int] | None:
+def compute_capability() -> tuple[int, int] | None:
     """The first GPU's compute capability, None without one."""
     try:
         dev = jax.devices("gpu")[0]

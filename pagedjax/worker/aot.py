@@ -25,7 +25,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from pagedjax.kernels_pallas.pallas.tpu_compile import on_device, tpu_devices  # noqa: F401
 from pagedjax.models.base import ExecutionPlan

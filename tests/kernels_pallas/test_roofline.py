@@ -49,3 +49,33 @@ def test_decode_step_is_weight_bound_at_batch_one():
     # H100: 15 GB at 3.35 TB/s is about 4.6 ms.
     assert 4.0e-3 < one.seconds(rl.CHIPS["H100"]) < 5.0e-3
     assert rl.decode_step(m, 64, 2048).bytes > one.bytes
+
+
+def test_roofline_script_prints_measured_beside_expected(tmp_path):
+    """benchmarks/kernels/roofline.py --measured, on rows shaped like
+    benchmarks/attention_kernels.py's JSON from an H100."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.utils.paths import REPO_ROOT
+
+    measured = dict(device="NVIDIA H100 80GB HBM3", rows=[
+        dict(kind="decode", kv_dtype="bf16", batch=64, ctx=2048, hq=32, hkv=8, d=128,
+             page_size=16, ms=0.5),
+        dict(kind="mixed", kv_dtype="bf16", batch=66, prefill_chunks=2, chunk=512, ctx=2048,
+             hq=32, hkv=8, d=128, page_size=16, ms=1.0),
+        dict(kind="decode", kv_dtype="int8", batch=8, ctx=512, hq=32, hkv=8, d=128,
+             page_size=16, error="RuntimeError: x")])
+    src, out = tmp_path / "m.json", tmp_path / "r.json"
+    src.write_text(json.dumps(measured))
+    proc = subprocess.run([sys.executable, "benchmarks/kernels/roofline.py", "--measured",
+                           str(src), "--json", str(out)], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Measured on NVIDIA H100" in proc.stdout
+    rows = json.loads(out.read_text())["measured"]["rows"]
+    assert [r["kind"] for r in rows] == ["decode", "mixed"]  # the failed row is left out
+    dec = rl.attention([1] * 64, [2048] * 64, hq=32, hkv=8, d=128, kv_itemsize=2)
+    assert rows[0]["expected_ms"] == pytest.approx(dec.seconds(rl.CHIPS["H100"]) * 1e3)
+    assert rows[0]["of_roofline"] == pytest.approx(rows[0]["expected_ms"] / 0.5)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 
+import jax
 import pytest
 
 from pagedjax.kernels_pallas.pallas import tpu_compile as tc
@@ -58,8 +59,7 @@ def test_8b_shaped_step_compiles_tp4_on_v5e_2x2():
     assert kv_chip == 2 * 512 * 2 * 2 * 16 * 128 * 2
     assert model_prog.aliased == kv_chip
     weights_chip = aot.per_chip_bytes(runner.params)
-    total = sum(x.size * x.dtype.itemsize for x in __import__("jax").tree_util.tree_leaves(
-        runner.params))
+    total = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(runner.params))
     assert total / 4 <= weights_chip < total / 3  # split 4 ways (norms replicated)
     assert model_prog.arguments >= weights_chip + kv_chip
     assert aot.kv_bytes_per_page_per_chip(model, 16, model.dtype, 4) == kv_chip // 512
