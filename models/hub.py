@@ -32,7 +32,8 @@ _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$"
 def looks_like_repo_id(model: str) -> bool:
     """``org/name``, ``org/name/file.gguf`` or ``org/name:QUANT`` (not a local path)."""
     repo, _, _ = split_model_id(model)
-    return bool(_REPO_ID.match(repo)) and not model.startswith(("/", ".", "~"))
+    return (bool(_REPO_ID.match(repo)) and not repo.endswith(".gguf")
+            and not model.startswith(("/", ".", "~")))
 
 
 def split_model_id(model: str) -> tuple[str, str | None, str | None]:
@@ -91,8 +92,15 @@ def download(model: str, revision: str | None = None, download_dir: str | None =
 def _gguf_by_quant(repo: str, quant: str, revision: str | None) -> str:
     """The one ``.gguf`` file of ``repo`` whose name carries quant type ``quant``."""
     import huggingface_hub as hfh
+    from huggingface_hub import errors
 
-    files = [f for f in hfh.list_repo_files(repo, revision=revision) if f.endswith(".gguf")]
+    try:
+        listing = hfh.HfApi().list_repo_files(repo, revision=revision)
+    except errors.OfflineModeIsEnabled as e:
+        raise FileNotFoundError(f"model {repo}:{quant}: choosing a GGUF file by quant type "
+                                "needs the hub (HF_HUB_OFFLINE is set); name the file instead: "
+                                f"{repo}/FILE.gguf") from e
+    files = [f for f in listing if f.endswith(".gguf")]
     want = [f for f in files if fnmatch.fnmatch(f.lower(), f"*{quant.lower()}*.gguf")]
     if len(want) != 1:
         raise ValueError(f"model {repo}:{quant}: {len(want)} GGUF files match quant type "

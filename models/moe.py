@@ -90,7 +90,7 @@ class SparseMoE(nnx.Module):
 
     def __call__(self, x: jax.Array, plan: ExecutionPlan = DEFAULT_PLAN,
                  lora_slots: jax.Array | None = None) -> jax.Array:  # x [T, H] -> [T, H]
-        logits = L.matmul(x, self.gate.kernel[...], plan)
+        logits = self.gate(x, plan)
         weights, ids = route(logits, self.top_k, self.renormalize)
         wgu, wd = self.experts_gate_up[...], self.experts_down[...]
         if plan.mesh is None:

@@ -22,6 +22,7 @@ hfh = pytest.importorskip("huggingface_hub")
 from pagedjax import LLM, SamplingParams  # noqa: E402
 import pagedjax.models as models  # noqa: E402
 from tests.distributed.test_parallel import save_tiny_tokenizer  # noqa: E402
+from tests.models.test_loader import tiny_llama  # noqa: E402,F401  (fixture)
 from tests.utils.fake_hub import FakeHub  # noqa: E402
 from tests.utils.paths import REPO  # noqa: E402
 
@@ -261,3 +262,37 @@ def test_vllm_quickstart_unchanged_then_server_offline(hub, tmp_path):
         assert any(t != b.choices[0].text for t in c)  # the request's temperature wins
     finally:
         stop_server(srv)
+
+
+def test_one_gguf_file_of_a_repo(online, tiny_llama, tmp_path):
+    """``org/name/FILE.gguf`` and ``org/name:QUANT`` download that one file, nothing else."""
+    import shutil
+
+    _, _, gguf_path = tiny_llama
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    shutil.copy(gguf_path, repo / "tiny-Q4_1.gguf")
+    (repo / "tiny-Q8_0.gguf").write_bytes(b"GGUF never fetched")
+    (repo / "README.md").write_text("# gguf\n")
+    online.publish("acme/tiny-GGUF", str(repo))
+    by_name = models.resolve_model("acme/tiny-GGUF/tiny-Q4_1.gguf")
+    by_quant = models.resolve_model("acme/tiny-GGUF:q4_1")
+    assert by_name.gguf_file == by_quant.gguf_file == "tiny-Q4_1.gguf"
+    assert sorted(set(online.downloads)) == [("acme/tiny-GGUF", "tiny-Q4_1.gguf")]
+    local = models.resolve_model(gguf_path)
+    assert by_name.hf_config == local.hf_config
+    with pytest.raises(FileNotFoundError, match="file 'tiny-Q2_K.gguf' is not in the repository"):
+        models.resolve_model("acme/tiny-GGUF/tiny-Q2_K.gguf")
+    with pytest.raises(ValueError, match="0 GGUF files match quant type 'Q5_K'"):
+        models.resolve_model("acme/tiny-GGUF:Q5_K")
+
+
+def test_hub_id_or_local_path():
+    from pagedjax.models import hub
+
+    assert hub.looks_like_repo_id("facebook/opt-125m")
+    assert hub.looks_like_repo_id("org/repo/sub/file.gguf")
+    assert hub.split_model_id("org/repo/sub/file.gguf") == ("org/repo", "sub/file.gguf", None)
+    assert hub.split_model_id("org/repo:Q4_K_M") == ("org/repo", None, "Q4_K_M")
+    for local in ("./a/b", "/abs/path", "~/m/x", "SmolLM2-135M-Instruct", "dir/model.gguf"):
+        assert not hub.looks_like_repo_id(local), local
