@@ -58,19 +58,71 @@ struct BlockWork : pagedjax_parallel::Tasks {
   void run();
 };
 
+#ifdef PAGEDJAX_AVX2
+// y[0:MR, 0:16] (+)= xp @ panel over kc values of k: xp holds x's rows packed
+// [kc][6] (so every broadcast is at a fixed offset from one pointer), the panel
+// [kc][16]. Each output is one FMA chain over k in order, whatever MR is, and the
+// AVX-512 version (one register per row) gives the AVX2 one's bits.
+template <int MR>
+void tile_packed(const float* xp, const float* panel, float* y, int64_t ldy, int64_t kc,
+                 bool first) {
+#ifdef PAGEDJAX_AVX512
+  __m512 c[MR];
+  for (int r = 0; r < MR; ++r) c[r] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(y + r * ldy);
+  for (int64_t k = 0; k < kc; ++k, xp += 6, panel += 16) {
+    const __m512 bk = _mm512_loadu_ps(panel);
+    for (int r = 0; r < MR; ++r) c[r] = _mm512_fmadd_ps(_mm512_set1_ps(xp[r]), bk, c[r]);
+  }
+  for (int r = 0; r < MR; ++r) _mm512_storeu_ps(y + r * ldy, c[r]);
+#else
+  __m256 c0[MR], c1[MR];
+  for (int r = 0; r < MR; ++r) {
+    c0[r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + r * ldy);
+    c1[r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + r * ldy + 8);
+  }
+  for (int64_t k = 0; k < kc; ++k, xp += 6, panel += 16) {
+    const __m256 b0 = _mm256_loadu_ps(panel), b1 = _mm256_loadu_ps(panel + 8);
+    for (int r = 0; r < MR; ++r) {
+      const __m256 a = _mm256_broadcast_ss(xp + r);
+      c0[r] = _mm256_fmadd_ps(a, b0, c0[r]);
+      c1[r] = _mm256_fmadd_ps(a, b1, c1[r]);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    _mm256_storeu_ps(y + r * ldy, c0[r]);
+    _mm256_storeu_ps(y + r * ldy + 8, c1[r]);
+  }
+#endif
+}
+
+void tile_packed_rows(int rows, const float* xp, const float* panel, float* y, int64_t ldy,
+                      int64_t kc, bool first) {
+  switch (rows) {
+    case 6: tile_packed<6>(xp, panel, y, ldy, kc, first); break;
+    case 5: tile_packed<5>(xp, panel, y, ldy, kc, first); break;
+    case 4: tile_packed<4>(xp, panel, y, ldy, kc, first); break;
+    case 3: tile_packed<3>(xp, panel, y, ldy, kc, first); break;
+    case 2: tile_packed<2>(xp, panel, y, ldy, kc, first); break;
+    default: tile_packed<1>(xp, panel, y, ldy, kc, first); break;
+  }
+}
+#endif
+
 // out[m, n0:n0+cols] (+)= x[m, k0:k0+kc] @ panel[0:kc, 0:cols] for every row m,
-// panel rows 16 floats apart: the register tile (AVX2 / AVX-512) or plain loops.
-void panel_product(const BlockWork& w, const float* panel, int64_t k0, int64_t kc, int64_t n0,
-                   int64_t cols, float* out, bool first) {
+// panel rows 16 floats apart: the register tile on x packed by groups of 6 rows
+// (xp: [groups][kc][6], AVX2 / AVX-512), or plain loops.
+void panel_product(const BlockWork& w, const float* xp, const float* panel, int64_t k0,
+                   int64_t kc, int64_t n0, int64_t cols, float* out, bool first) {
   const int64_t M = w.M, K = w.K, N = w.N;
 #ifdef PAGEDJAX_AVX2
   if (cols == 16) {
     for (int64_t m0 = 0; m0 < M; m0 += 6)
-      pagedjax_tile::tile_rows(int(std::min<int64_t>(6, M - m0)), w.x + m0 * K + k0, K, panel,
-                               16, out + m0 * N + n0, N, kc, first);
+      tile_packed_rows(int(std::min<int64_t>(6, M - m0)), xp + m0 * kc, panel,
+                       out + m0 * N + n0, N, kc, first);
     return;
   }
 #endif
+  (void)xp;
   for (int64_t m = 0; m < M; ++m) {
     float* y = out + m * N + n0;
     const float* xr = w.x + m * K + k0;
@@ -82,13 +134,31 @@ void panel_product(const BlockWork& w, const float* panel, int64_t k0, int64_t k
   }
 }
 
-// Rows [k0, k1) of W [K, N] (block-aligned) into out [M, N] = x[:, k0:k1] @ W[k0:k1].
-void part_nn(const BlockWork& w, int64_t k0, int64_t k1, float* out) {
+// xp[g][k][r] = x[6g + r, k0 + k] for the kc values from k0 (rows past M: zero).
+void pack_x(const BlockWork& w, int64_t k0, int64_t kc, float* xp) {
+  const int64_t groups = (w.M + 5) / 6;
+  for (int64_t g = 0; g < groups; ++g)
+    for (int r = 0; r < 6; ++r) {
+      const int64_t m = 6 * g + r;
+      float* dst = xp + g * kc * 6 + r;
+      if (m >= w.M) {
+        for (int64_t k = 0; k < kc; ++k) dst[k * 6] = 0.0f;
+        continue;
+      }
+      const float* src = w.x + m * w.K + k0;
+      for (int64_t k = 0; k < kc; ++k) dst[k * 6] = src[k];
+    }
+}
+
+// Rows [k0, k1) of W [K, N] (block-aligned) into out [M, N] = x[:, k0:k1] @ W[k0:k1];
+// xp holds (M + 5) / 6 * 6 * kKB * 32 floats.
+void part_nn(const BlockWork& w, int64_t k0, int64_t k1, float* out, float* xp) {
   const int64_t N = w.N;
   alignas(64) float panel[kKB * 32 * 16];
   for (int64_t kb = k0; kb < k1; kb += kKB * 32) {
     const int64_t kc = std::min(kKB * 32, k1 - kb);
     const bool first = kb == k0;
+    pack_x(w, kb, kc, xp);
     for (int64_t n = 0; n < N; n += 16) {
       const int64_t cols = std::min<int64_t>(16, N - n);
       for (int64_t b = 0; b < kc / 32; ++b) {
@@ -97,7 +167,7 @@ void part_nn(const BlockWork& w, int64_t k0, int64_t k1, float* out) {
         else  // the last columns (N % 16), one value at a time
           pagedjax_blocks::decode_cols_tail(w.w, N, kb / 32 + b, n, cols, panel + b * 32 * 16);
       }
-      panel_product(w, panel, kb, kc, n, cols, out, first);
+      panel_product(w, xp, panel, kb, kc, n, cols, out, first);
     }
   }
 }
@@ -141,8 +211,9 @@ void BlockWork::run() {
       if (buf.empty()) buf.resize(4 * K);
       block_nt(*this, t * kNB, std::min(N, (t + 1) * kNB), buf.data());
     } else {
+      if (buf.empty()) buf.resize((M + 5) / 6 * 6 * kKB * 32);
       float* out = t == 0 ? y : partial.data() + (t - 1) * M * N;
-      part_nn(*this, std::min(K, t * per), std::min(K, (t + 1) * per), out);
+      part_nn(*this, std::min(K, t * per), std::min(K, (t + 1) * per), out, buf.data());
     }
   }
 }

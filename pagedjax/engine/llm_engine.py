@@ -356,7 +356,8 @@ def weight_quantization(args, resolved) -> str | None:
     ``args.quantization`` when set ("none": float weights, GGUF blocks dequantized at
     load). Unset: a GGUF file on the CPU (one device, the C++ backend) keeps its blocks
     ("gguf", multiplied by the C++ block kernel) where that kernel beats float32
-    weights at every row count on this machine (measured once, worker.runner.block_choice),
+    weights at every row count on this machine (measured once,
+    worker.runner.quant_kernel_choice),
     else float weights. The engine logs which."""
     q = args.quantization
     if q is not None:
@@ -365,9 +366,9 @@ def weight_quantization(args, resolved) -> str | None:
             or jax.default_backend() != "cpu"
             or args.attention_backend not in ("auto", "cpu_native")):
         return None
-    from pagedjax.worker.runner import block_choice
+    from pagedjax.worker.runner import quant_kernel_choice
 
-    choice = block_choice()
+    choice = quant_kernel_choice("block")
     if choice["default"]:
         logger.info("GGUF weights kept in their blocks: the C++ block kernel beats float32 "
                     "weights at every row count here (steps of up to %d rows; "
