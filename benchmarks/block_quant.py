@@ -26,6 +26,7 @@ writes JSON (default benchmarks/results/block_quant.json).
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import subprocess
@@ -34,6 +35,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_JSON = os.path.join(ROOT, "benchmarks", "results", "block_quant.json")
+# What model_step_fns' programs read of a batch (a pytree).
+Batch = collections.namedtuple("Batch", "token_ids meta logits_index")
 
 
 def _best(fn, reps: int) -> float:
@@ -124,14 +127,11 @@ def _child(model: str, mode: str, rows: list[int], context: int, tokens: int, re
                                for i in range(r)], ps, pages_per_seq=per)
         kv = runner.model.allocate_kv_caches(r * per + 1, ps)
 
-        class Batch:  # what model_step_fns' programs read
-            token_ids = jnp.ones((r,), jnp.int32)
-            logits_index = jnp.arange(r, dtype=jnp.int32)
-        Batch.meta = meta
+        batch = Batch(jnp.ones((r,), jnp.int32), meta, jnp.arange(r, dtype=jnp.int32))
         state = {"kv": kv}
 
         def step():
-            logits, state["kv"] = full(runner.params, state["kv"], Batch)
+            logits, state["kv"] = full(runner.params, state["kv"], batch)
             return logits
         step_s = _best(step, reps)
         floor_s = floor(r, reps)

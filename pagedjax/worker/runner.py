@@ -387,39 +387,12 @@ def make_plan(attn_backend: str, mesh=None) -> ExecutionPlan:
 
         if cpu_native.fast_matmul():
             rows = cpu_matmul_rows.native_matmul_rows()
+        from pagedjax.worker.kernel_limits import quant_kernel_choice
+
         block = quant_kernel_choice("block", rows)["rows"]
         int8 = quant_kernel_choice("int8", rows)["rows"]
     return ExecutionPlan(attn_backend=attn_backend, native_matmul_rows=rows,
                          block_matmul_rows=block, int8_matmul_rows=int8, mesh=mesh)
-
-
-def quant_kernel_choice(kernel: str, native_rows: int | None = None) -> dict:
-    """A quantized-weight C++ kernel's row limit on this machine ("block": GGUF blocks,
-    "int8": per-channel int8) and whether it beats float32 weights at every row count
-    ({"rows", "default"}; measured once per machine against the models' own paths,
-    kernels_pallas/cpu/quant_rows.py)."""
-    from pagedjax.kernels_pallas.cpu import quant_rows
-    from pagedjax.models import layers as L, quant as Q
-
-    if native_rows is None:
-        from pagedjax.kernels_pallas.cpu import matmul_rows as cpu_matmul_rows, native as cpu_native
-
-        native_rows = cpu_matmul_rows.native_matmul_rows() if cpu_native.fast_matmul() else 0
-    plan = ExecutionPlan(attn_backend="cpu_native", native_matmul_rows=native_rows)
-
-    def float_matmul(x, w):
-        return L.matmul(x, w, plan)
-
-    def dequantize(kind, comps):
-        return Q.dequantize(kind, comps, 0, jnp.float32)
-
-    def quant_matmul(kind, x, comps):  # models/nn.py's jnp paths for quantized weights
-        if Q.chunked(x.shape[0], None):
-            return Q.chunked_matmul(kind, comps, x, float_matmul)
-        return float_matmul(x, dequantize(kind, comps))
-
-    return quant_rows.kernel_rows(kernel, lambda: quant_rows.measure(
-        kernel, dequantize, quant_matmul, float_matmul))
 
 
 def kv_cache_bytes_per_page(info, page_size: int, dtype) -> int:

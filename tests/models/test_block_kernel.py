@@ -130,7 +130,7 @@ def test_quantization_none_dequantizes(tiny_gguf):
 
 def test_default_for_gguf_follows_the_measured_choice(monkeypatch, tiny_gguf):
     from pagedjax.config import EngineArgs
-    from pagedjax.engine.llm_engine import weight_quantization
+    from pagedjax.engine.startup import weight_quantization
 
     resolved = models.resolve_model(tiny_gguf)
     monkeypatch.setenv("PAGEDJAX_BLOCK_MATMUL_ROWS", "0")  # read before any cache
