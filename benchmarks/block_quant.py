@@ -193,7 +193,7 @@ def _print_round(i: int, res: dict, rows: list[int]) -> None:
     for mode, m in res.items():
         steps = m.get("steps", {})
         cells = "  ".join(f"{steps[str(r)]['step_ms']:7.1f}/{steps[str(r)]['floor_ms']:<7.1f}"
-                          f" ({steps[str(r)]['step_over_floor']:.2f}x)" for r in rows)
+                          f" ({steps[str(r)]['step_over_floor']:.2f}x)" for r in rows if steps)
         tok = f"{m['decode_tok_s']:8.1f}" if "decode_tok_s" in m else "       -"
         print(f"  {mode:<6} {m['weight_bytes'] / 2**20:10.1f}  {tok}      {cells}")
     if "none" in res and "gguf" in res:
