@@ -189,7 +189,8 @@ def main(argv=None) -> int:
 
 def _print_round(i: int, res: dict, rows: list[int]) -> None:
     print(f"round {i + 1}")
-    print("  mode   weights MiB  decode tok/s  " + "  ".join(f"{r:>4} rows step/floor ms" for r in rows))
+    head = "  ".join(f"{r:>4} rows step/floor ms" for r in rows)
+    print(f"  mode   weights MiB  decode tok/s  {head}")
     for mode, m in res.items():
         steps = m.get("steps", {})
         cells = "  ".join(f"{steps[str(r)]['step_ms']:7.1f}/{steps[str(r)]['floor_ms']:<7.1f}"
@@ -197,7 +198,8 @@ def _print_round(i: int, res: dict, rows: list[int]) -> None:
         tok = f"{m['decode_tok_s']:8.1f}" if "decode_tok_s" in m else "       -"
         print(f"  {mode:<6} {m['weight_bytes'] / 2**20:10.1f}  {tok}      {cells}")
     if "none" in res and "gguf" in res:
-        print(f"  decode tok/s gguf / none: {res['gguf']['decode_tok_s'] / res['none']['decode_tok_s']:.2f}")
+        ratio = res["gguf"]["decode_tok_s"] / res["none"]["decode_tok_s"]
+        print(f"  decode tok/s gguf / none: {ratio:.2f}")
 
 
 if __name__ == "__main__":

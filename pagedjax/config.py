@@ -103,7 +103,8 @@ class EngineArgs:
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)
             if choices and value not in choices:
-                raise ValueError(f"{f.name} must be one of {', '.join(choices)}, got {value!r}")
+                allowed = ", ".join(map(repr, choices))
+                raise ValueError(f"{f.name} must be one of {allowed}, got {value!r}")
 
     # ------------------------------------------------------------------ command line
     @classmethod
