@@ -16,8 +16,8 @@ order alternating between rounds, and reports:
   ``--context`` tokens of context a row, the engine's own execution plan), next
   to the float32 matmul floor measured in the same process: every matmul of
   that step (the model's weights dequantized to float32, the tied LM head
-  included) and nothing else, XLA's GEMM or the C++ float matmul, whichever is
-  faster at that row count.
+  included), one after another, and nothing else, XLA's GEMM or the C++ float
+  matmul, whichever is faster at that row count.
 
 Ratios are taken within one round (same machine state); prints a table and
 writes JSON (default benchmarks/results/block_quant.json).
@@ -77,7 +77,13 @@ def _floor_fns(model, params):
     mats = [jax.block_until_ready(m) for m in mats]
 
     def fn(mm, mm_t):
-        return jax.jit(lambda xs, ws, e, xh: ([mm(x, w) for x, w in zip(xs, ws)], mm_t(xh, e)))
+        def chain(xs, ws, e, xh):  # one after another, as in a step (a zero carried along)
+            s, out = jnp.zeros((), jnp.float32), []
+            for x, w in zip(xs, ws):
+                out.append(mm(x + s, w))
+                s = out[-1][0, 0] * 0.0
+            return out, mm_t(xh + s, e)
+        return jax.jit(chain)
 
     xla = fn(lambda x, w: x @ w, lambda x, e: x @ e.T)
     cpp = fn(cpu_native.matmul, lambda x, e: cpu_native.matmul(x, e, transposed=True))
