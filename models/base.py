@@ -53,13 +53,13 @@ class ExecutionPlan:
     attn_backend        kernels_pallas backend of every layer: "xla",
                         "cpu_native", "pallas_gpu", "pallas_tpu"
     native_matmul_rows  float32 matmuls with at most this many rows run the
-                        C++ CPU kernel (pagedjax.kernels_pallas.cpu.native.matmul), and
-                        their products with int8 weights the C++ int8 kernel
-                        (pagedjax.kernels_pallas.cpu.qmatmul) on one device; 0: never
+                        C++ CPU kernel (pagedjax.kernels_pallas.cpu.native.matmul); 0: never
     block_matmul_rows   matmuls with GGUF block-quantized weights (q8_0, q4_0, q4_1,
                         q4_k, q6_k) and at most this many float32 rows run the C++
                         block kernel (pagedjax.kernels_pallas.cpu.blockmatmul) on one
                         device; 0: never (they dequantize in jnp)
+    int8_matmul_rows    the same for per-channel int8 weights and the C++ int8 kernel;
+                        None: native_matmul_rows
     mesh, tp_axis       tensor parallelism: the custom kernels (everything but
                         "xla") run per device through shard_map over KV heads
     attention_fn        replaces kernels_pallas.ragged_paged_attention (same
@@ -73,6 +73,7 @@ class ExecutionPlan:
     attn_backend: str = "xla"
     native_matmul_rows: int = 0
     block_matmul_rows: int = 0
+    int8_matmul_rows: int | None = None
     mesh: Any = None  # jax.sharding.Mesh | None
     tp_axis: str = "tp"
     attention_fn: Callable | None = None

@@ -143,8 +143,9 @@ def activation(name: str) -> Callable[[jax.Array], jax.Array]:
 # Decode steps multiply a handful of rows by every weight, where XLA:CPU's
 # GEMM runs well below the memory-bandwidth limit; the runner's plan routes
 # float32 matmuls of at most ``plan.native_matmul_rows`` rows to the C++ kernel
-# (kernels_pallas/cpu/matmul.cc) on the cpu_native backend, and the same rows'
-# products with int8 weights to the C++ int8 kernel (kernels_pallas/cpu/qmatmul.cc).
+# (kernels_pallas/cpu/matmul.cc) on the cpu_native backend; int8 and GGUF block weights
+# go to their own C++ kernels (qmatmul.cc, blockmatmul.cc) up to their own measured
+# limits (plan.int8_matmul_rows, plan.block_matmul_rows).
 
 
 def _native(x: jax.Array, w: jax.Array, plan: ExecutionPlan) -> bool:
@@ -153,10 +154,10 @@ def _native(x: jax.Array, w: jax.Array, plan: ExecutionPlan) -> bool:
 
 
 def native_int8(x: jax.Array, plan: ExecutionPlan) -> bool:
-    """Whether ``x``'s product with an int8 weight runs in the C++ kernel: the float32
-    rule (at most ``plan.native_matmul_rows`` float32 rows), on one device."""
-    return (plan.mesh is None and 0 < x.shape[0] <= plan.native_matmul_rows
-            and x.dtype == jnp.dtype(jnp.float32))
+    """Whether ``x``'s product with an int8 weight runs in the C++ kernel: at most
+    ``plan.int8_matmul_rows`` float32 rows (None: the float32 limit), on one device."""
+    limit = plan.native_matmul_rows if plan.int8_matmul_rows is None else plan.int8_matmul_rows
+    return plan.mesh is None and 0 < x.shape[0] <= limit and x.dtype == jnp.dtype(jnp.float32)
 
 
 def int8_matmul(x: jax.Array, q: jax.Array, scale: jax.Array, *,

@@ -124,7 +124,8 @@ class EngineArgs:
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)
             if choices and value not in choices:
-                raise ValueError(f"{f.name} must be one of {', '.join(choices)}, got {value!r}")
+                allowed = ", ".join(map(repr, choices))
+                raise ValueError(f"{f.name} must be one of {allowed}, got {value!r}")
 
     def _check_types(self) -> None:
         """Paths, numbers and switches of the wrong type (a TypeError that is also a

@@ -15,13 +15,14 @@
 // in float32: the result is the dequantized weight's product up to summation
 // order.
 //
-// Work split, as in qmatmul.cc: W [K, N] is split along K (at block
-// boundaries) into one contiguous part per thread of XLA's intra-op pool
-// (partial sums added at the end in part order), each part read kKB blocks at
-// a time; W [N, K] is split along N into tasks of kNB rows, 4 rows widened at
-// a time and dotted with 2 rows of x at a time. The split depends on K, N and
-// the pool only (never on M), and every path sums in the same order, so a
-// row's result does not depend on the rest of the batch.
+// Work split: x is packed once by groups of 6 rows ([groups][K][6], so that
+// the tile's broadcasts sit at fixed offsets); W [K, N] is split along N into
+// tasks of kNC columns claimed from XLA's intra-op pool (many small tasks: on
+// a busy machine a late thread takes fewer), each walking K kKB blocks at a
+// time; W [N, K] is split along N into tasks of kNB rows, 4 rows widened at a
+// time and dotted with 2 rows of x at a time. Every output is one FMA chain
+// over K in order whatever the batch and the pool, so a row's result does not
+// depend on the rest of the batch.
 
 #include <algorithm>
 #include <cmath>
@@ -45,6 +46,7 @@ namespace {
 
 constexpr int64_t kKB = 4;   // 32-blocks per panel (W [K, N]): a 128 x 16 float panel (8 KiB)
 constexpr int64_t kNB = 64;  // W rows per task (W [N, K])
+constexpr int64_t kNC = 64;  // W columns per task (W [K, N])
 
 struct BlockWork : pagedjax_parallel::Tasks {
   const float* x;
@@ -52,22 +54,71 @@ struct BlockWork : pagedjax_parallel::Tasks {
   float* y;
   int64_t M, K, N;
   bool transposed;
-  int64_t parts = 1;           // W [K, N]: K split into this many contiguous parts
-  int64_t per = 0;             // values of K per part (a multiple of the block)
-  std::vector<float> partial;  // parts 1.. write here; part 0 writes y
+  std::vector<float> xp;  // W [K, N]: x packed [(M + 5) / 6][K][6] (rows past M: zero)
   void run();
 };
 
+#ifdef PAGEDJAX_AVX2
+// y[0:MR, 0:16] (+)= xp @ panel over kc values of k: xp holds x's rows packed
+// [kc][6] (so every broadcast is at a fixed offset from one pointer), the panel
+// [kc][16]. Each output is one FMA chain over k in order, whatever MR is, and the
+// AVX-512 version (one register per row) gives the AVX2 one's bits.
+template <int MR>
+void tile_packed(const float* xp, const float* panel, float* y, int64_t ldy, int64_t kc,
+                 bool first) {
+#ifdef PAGEDJAX_AVX512
+  __m512 c[MR];
+  for (int r = 0; r < MR; ++r) c[r] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(y + r * ldy);
+  for (int64_t k = 0; k < kc; ++k, xp += 6, panel += 16) {
+    const __m512 bk = _mm512_loadu_ps(panel);
+    for (int r = 0; r < MR; ++r) c[r] = _mm512_fmadd_ps(_mm512_set1_ps(xp[r]), bk, c[r]);
+  }
+  for (int r = 0; r < MR; ++r) _mm512_storeu_ps(y + r * ldy, c[r]);
+#else
+  __m256 c0[MR], c1[MR];
+  for (int r = 0; r < MR; ++r) {
+    c0[r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + r * ldy);
+    c1[r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + r * ldy + 8);
+  }
+  for (int64_t k = 0; k < kc; ++k, xp += 6, panel += 16) {
+    const __m256 b0 = _mm256_loadu_ps(panel), b1 = _mm256_loadu_ps(panel + 8);
+    for (int r = 0; r < MR; ++r) {
+      const __m256 a = _mm256_broadcast_ss(xp + r);
+      c0[r] = _mm256_fmadd_ps(a, b0, c0[r]);
+      c1[r] = _mm256_fmadd_ps(a, b1, c1[r]);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    _mm256_storeu_ps(y + r * ldy, c0[r]);
+    _mm256_storeu_ps(y + r * ldy + 8, c1[r]);
+  }
+#endif
+}
+
+void tile_packed_rows(int rows, const float* xp, const float* panel, float* y, int64_t ldy,
+                      int64_t kc, bool first) {
+  switch (rows) {
+    case 6: tile_packed<6>(xp, panel, y, ldy, kc, first); break;
+    case 5: tile_packed<5>(xp, panel, y, ldy, kc, first); break;
+    case 4: tile_packed<4>(xp, panel, y, ldy, kc, first); break;
+    case 3: tile_packed<3>(xp, panel, y, ldy, kc, first); break;
+    case 2: tile_packed<2>(xp, panel, y, ldy, kc, first); break;
+    default: tile_packed<1>(xp, panel, y, ldy, kc, first); break;
+  }
+}
+#endif
+
 // out[m, n0:n0+cols] (+)= x[m, k0:k0+kc] @ panel[0:kc, 0:cols] for every row m,
-// panel rows 16 floats apart: the register tile (AVX2 / AVX-512) or plain loops.
+// panel rows 16 floats apart: the register tile on the packed x (AVX2 / AVX-512),
+// or plain loops.
 void panel_product(const BlockWork& w, const float* panel, int64_t k0, int64_t kc, int64_t n0,
                    int64_t cols, float* out, bool first) {
   const int64_t M = w.M, K = w.K, N = w.N;
 #ifdef PAGEDJAX_AVX2
   if (cols == 16) {
     for (int64_t m0 = 0; m0 < M; m0 += 6)
-      pagedjax_tile::tile_rows(int(std::min<int64_t>(6, M - m0)), w.x + m0 * K + k0, K, panel,
-                               16, out + m0 * N + n0, N, kc, first);
+      tile_packed_rows(int(std::min<int64_t>(6, M - m0)), w.xp.data() + m0 * K + k0 * 6, panel,
+                       out + m0 * N + n0, N, kc, first);
     return;
   }
 #endif
@@ -82,22 +133,37 @@ void panel_product(const BlockWork& w, const float* panel, int64_t k0, int64_t k
   }
 }
 
-// Rows [k0, k1) of W [K, N] (block-aligned) into out [M, N] = x[:, k0:k1] @ W[k0:k1].
-void part_nn(const BlockWork& w, int64_t k0, int64_t k1, float* out) {
-  const int64_t N = w.N;
+// xp[g][k][r] = x[6g + r, k] (rows past M: zero).
+void pack_x(BlockWork& w) {
+#ifdef PAGEDJAX_AVX2
+  const int64_t groups = (w.M + 5) / 6, K = w.K;
+  w.xp.assign(groups * K * 6, 0.0f);
+  for (int64_t m = 0; m < w.M; ++m) {
+    float* dst = w.xp.data() + (m / 6) * K * 6 + m % 6;
+    const float* src = w.x + m * K;
+    for (int64_t k = 0; k < K; ++k) dst[k * 6] = src[k];
+  }
+#else
+  (void)w;
+#endif
+}
+
+// Columns [n0, n1) of y = x @ W [K, N]: K kKB blocks at a time (the packed x's
+// slice stays in cache for every strip), 16 columns at a time.
+void columns_nn(const BlockWork& w, int64_t n0, int64_t n1) {
+  const int64_t N = w.N, K = w.K;
   alignas(64) float panel[kKB * 32 * 16];
-  for (int64_t kb = k0; kb < k1; kb += kKB * 32) {
-    const int64_t kc = std::min(kKB * 32, k1 - kb);
-    const bool first = kb == k0;
-    for (int64_t n = 0; n < N; n += 16) {
-      const int64_t cols = std::min<int64_t>(16, N - n);
+  for (int64_t kb = 0; kb < K; kb += kKB * 32) {
+    const int64_t kc = std::min(kKB * 32, K - kb);
+    for (int64_t n = n0; n < n1; n += 16) {
+      const int64_t cols = std::min<int64_t>(16, n1 - n);
       for (int64_t b = 0; b < kc / 32; ++b) {
         if (cols == 16)
           pagedjax_blocks::decode_cols(w.w, N, kb / 32 + b, n, panel + b * 32 * 16);
         else  // the last columns (N % 16), one value at a time
           pagedjax_blocks::decode_cols_tail(w.w, N, kb / 32 + b, n, cols, panel + b * 32 * 16);
       }
-      panel_product(w, panel, kb, kc, n, cols, out, first);
+      panel_product(w, panel, kb, kc, n, cols, w.y, kb == 0);
     }
   }
 }
@@ -141,14 +207,13 @@ void BlockWork::run() {
       if (buf.empty()) buf.resize(4 * K);
       block_nt(*this, t * kNB, std::min(N, (t + 1) * kNB), buf.data());
     } else {
-      float* out = t == 0 ? y : partial.data() + (t - 1) * M * N;
-      part_nn(*this, std::min(K, t * per), std::min(K, (t + 1) * per), out);
+      columns_nn(*this, t * kNC, std::min(N, (t + 1) * kNC));
     }
   }
 }
 
-// Splits the work (see the top), runs it on `threads` workers (`schedule` hands a
-// task to the pool) and adds the K parts in order.
+// Packs x (W [K, N]), splits the work (see the top) and runs it on `threads`
+// workers (`schedule` hands a task to the pool).
 template <typename Schedule>
 void run_blockmatmul(const std::shared_ptr<BlockWork>& work, int64_t threads,
                      Schedule schedule) {
@@ -156,21 +221,10 @@ void run_blockmatmul(const std::shared_ptr<BlockWork>& work, int64_t threads,
   if (w.transposed) {
     w.n_tasks = (w.N + kNB - 1) / kNB;
   } else {
-    const int64_t block = pagedjax_blocks::block_of(w.w.kind);
-    const int64_t blocks = w.K / block;
-    w.parts = std::clamp<int64_t>(threads, 1, std::max<int64_t>(1, w.K / 128));
-    w.parts = std::min(w.parts, blocks);
-    w.per = (blocks + w.parts - 1) / w.parts * block;
-    w.parts = (w.K + w.per - 1) / w.per;
-    w.n_tasks = w.parts;
-    w.partial.assign((w.parts - 1) * w.M * w.N, 0.0f);
+    pack_x(w);
+    w.n_tasks = (w.N + kNC - 1) / kNC;
   }
   pagedjax_parallel::run(work, threads, w.M * w.K * w.N >= (1 << 16), schedule);
-  if (w.transposed) return;
-  for (int64_t p = 1; p < w.parts; ++p) {
-    const float* src = w.partial.data() + (p - 1) * w.M * w.N;
-    for (int64_t i = 0; i < w.M * w.N; ++i) w.y[i] += src[i];
-  }
 }
 
 std::shared_ptr<BlockWork> make_work(const float* x, Comps comps, float* y, int64_t M,
@@ -260,14 +314,14 @@ int self_test_case(int kind, int64_t M, int64_t K, int64_t N, bool transposed, i
 
 // Run once in a child process right after a build (kernels_pallas/cpu/build.py):
 // every kind through the widening (vector blocks and the scalar column tail), the
-// register tiles of 1-6 rows, K parts on two threads' split and the transposed
+// register tiles of 1-6 rows, tasks of columns and the transposed
 // path, so an instruction the CPU or the OS does not support kills the child, not
 // the serving process. 0 when every result matches the plain formulas.
 extern "C" int PagedjaxSelfTest() {
   int bad = 0;
   for (int kind = 0; kind < pagedjax_blocks::kNumKinds; ++kind) {
     const int64_t K = pagedjax_blocks::block_of(kind) * 2;
-    bad |= self_test_case(kind, 3, K, 37, false, 2) << 1;  // K parts, 16-col strips + tail
+    bad |= self_test_case(kind, 3, K, 70, false, 2) << 1;  // two tasks, 16-col strips + tail
     bad |= self_test_case(kind, 8, K, 16, false, 1) << 2;  // a 6-row and a 2-row tile
     bad |= self_test_case(kind, 5, K, 9, true, 1) << 3;    // W [N, K]: groups of 4 + rows
   }

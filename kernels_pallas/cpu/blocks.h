@@ -250,7 +250,8 @@ inline float value_rows(const Comps& w, int64_t K, int64_t n, int64_t k) {
 inline void decode_cols_tail(const Comps& w, int64_t N, int64_t b, int64_t n, int64_t cols,
                              float* out) {
   for (int e = 0; e < 32; ++e)
-    for (int i = 0; i < 16; ++i) out[e * 16 + i] = i < cols ? value_cols(w, N, 32 * b + e, n + i) : 0.0f;
+    for (int i = 0; i < 16; ++i)
+      out[e * 16 + i] = i < cols ? value_cols(w, N, 32 * b + e, n + i) : 0.0f;
 }
 
 }  // namespace pagedjax_blocks

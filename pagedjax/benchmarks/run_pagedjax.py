@@ -74,7 +74,8 @@ def step_profile(times, shapes) -> list[dict]:
 
 
 def quantization_arg(ns) -> str | None:
-    """``LLM(quantization=...)`` for ``--quantization``: none -> None (float weights)."""
+    """The weights' mode for ``--quantization``: none -> None (float weights, passed to
+    ``LLM`` as "none" so a GGUF file is dequantized as the flag says)."""
     q = getattr(ns, "quantization", "none")
     return None if q in (None, "none") else q
 
@@ -92,7 +93,7 @@ def run_pagedjax(reqs, ns) -> tuple[dict, object]:
     llm = LLM(model=ns.model, max_model_len=mml, max_num_seqs=ns.max_num_seqs,
               attention_backend=ns.attention_backend,
               max_num_batched_tokens=ns.max_num_batched_tokens, num_pages=ns.num_pages,
-              seed=ns.seed, quantization=quantization_arg(ns), **extra)
+              seed=ns.seed, quantization=quantization_arg(ns) or "none", **extra)
     load_s = time.perf_counter() - t
     engine = llm.llm_engine
     runner, sched = engine.runner, engine.scheduler

@@ -38,6 +38,7 @@ from pagedjax.engine.startup import (
     freeze_startup_heap,
     resolve_config,
     start_cpu_builds,
+    weight_quantization,
 )
 from pagedjax.engine import input_checks as checks
 from pagedjax.structured_output.grammar import GrammarCompiler, GrammarState
@@ -364,32 +365,3 @@ class LLMEngine:
 
         return CompileCounter.count - start
 
-
-def weight_quantization(args, resolved) -> str | None:
-    """The weights' quantization (models.load_model's argument) for ``args``.
-
-    ``args.quantization`` when set ("none": float weights, GGUF blocks dequantized at
-    load). Unset: a GGUF file on the CPU (one device, the C++ backend) keeps its blocks
-    ("gguf", multiplied by the C++ block kernel) where that kernel beats float32
-    weights at every row count on this machine (measured once, worker.runner.block_choice),
-    else float weights. The engine logs which."""
-    q = args.quantization
-    if q is not None:
-        return None if q == "none" else q
-    if (resolved.gguf_file is None or args.tensor_parallel_size > 1
-            or jax.default_backend() != "cpu"
-            or args.attention_backend not in ("auto", "cpu_native")):
-        return None
-    from pagedjax.worker.runner import block_choice
-
-    choice = block_choice()
-    if choice["default"]:
-        logger.info("GGUF weights kept in their blocks: the C++ block kernel beats float32 "
-                    "weights at every row count here (steps of up to %d rows; "
-                    "quantization='none' dequantizes at load)", choice["rows"])
-        return "gguf"
-    logger.info("GGUF weights dequantized to float at load: the C++ block kernel %s "
-                "(quantization='gguf' keeps the blocks)",
-                "does not beat float32 weights at every row count here" if choice["rows"]
-                else "is not available")
-    return None

@@ -419,40 +419,19 @@ def make_plan(attn_backend: str, mesh=None, expert_parallel: bool = False) -> Ex
     Zen 3, 0 on a 2-core AVX-512 Xeon) or set by $PAGEDJAX_NATIVE_MATMUL_ROWS;
     prefill steps stay with XLA."""
     rows = block = 0
+    int8 = None
     if attn_backend == "cpu_native" and mesh is None:
         from pagedjax.kernels_pallas.cpu import matmul_rows as cpu_matmul_rows, native as cpu_native
 
         if cpu_native.fast_matmul():
             rows = cpu_matmul_rows.native_matmul_rows()
-        block = block_choice(rows)["rows"]
+        from pagedjax.worker.kernel_limits import quant_kernel_choice
+
+        block = quant_kernel_choice("block", rows)["rows"]
+        int8 = quant_kernel_choice("int8", rows)["rows"]
     return ExecutionPlan(attn_backend=attn_backend, native_matmul_rows=rows,
-                         block_matmul_rows=block, mesh=mesh,
+                         block_matmul_rows=block, int8_matmul_rows=int8, mesh=mesh,
                          expert_parallel=expert_parallel and mesh is not None)
-
-
-def block_choice(native_rows: int | None = None) -> dict:
-    """The C++ GGUF block kernel's row limit on this machine and whether it beats
-    float32 weights at every row count ({"rows", "default"}; measured once per
-    machine against the models' own paths, kernels_pallas/cpu/block_rows.py)."""
-    from pagedjax.kernels_pallas.cpu import block_rows
-    from pagedjax.models import layers as L, quant as Q
-
-    if native_rows is None:
-        from pagedjax.kernels_pallas.cpu import matmul_rows as cpu_matmul_rows, native as cpu_native
-
-        native_rows = cpu_matmul_rows.native_matmul_rows() if cpu_native.fast_matmul() else 0
-    plan = ExecutionPlan(attn_backend="cpu_native", native_matmul_rows=native_rows)
-
-    def float_matmul(x, w):
-        return L.matmul(x, w, plan)
-
-    def quant_matmul(x, comps):
-        if Q.chunked(x.shape[0], None):
-            return Q.chunked_matmul("q4_1", comps, x, float_matmul)
-        return float_matmul(x, Q.dequantize("q4_1", comps, 0, x.dtype))
-
-    return block_rows.block_rows(lambda: block_rows.measure(
-        lambda c: Q.dequantize("q4_1", c, 0, jnp.float32), quant_matmul, float_matmul))
 
 
 def kv_cache_bytes_per_page(info, page_size: int, dtype) -> int:

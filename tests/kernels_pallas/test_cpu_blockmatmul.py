@@ -4,8 +4,8 @@
   blocks along K) and ``x @ W.T`` (the tied LM head) match
   ``gguf.quants.dequantize`` + a float64 matmul within
   ``TOL * sum_k |x_k w_k|`` (float32 accumulation over K terms; TOL = 2e-6) on
-  odd shapes: N past the 16-column strips and the 4-row groups, 1-13 rows, two
-  K parts. Blocks are random bytes written in GGUF's own block layout (scales
+  odd shapes: N past the 16-column strips and the 4-row groups, 1-13 rows (the
+  register tile's groups of 6 and their remainder). Blocks are random bytes written in GGUF's own block layout (scales
   set to finite float16), repacked by the loader's ``repack_gguf``.
 * Every build path (this CPU's full set, AVX2 + FMA, portable) passes
   its self-test and the same comparison; paths this machine cannot run are

@@ -130,13 +130,14 @@ def test_quantization_none_dequantizes(tiny_gguf):
 
 def test_default_for_gguf_follows_the_measured_choice(monkeypatch, tiny_gguf):
     from pagedjax.config import EngineArgs
-    from pagedjax.engine.llm_engine import weight_quantization
+    from pagedjax.engine.startup import weight_quantization
 
     resolved = models.resolve_model(tiny_gguf)
     monkeypatch.setenv("PAGEDJAX_BLOCK_MATMUL_ROWS", "0")  # read before any cache
-    from pagedjax.kernels_pallas.cpu import block_rows
+    from pagedjax.kernels_pallas.cpu import quant_rows
 
-    assert block_rows.decide("unused.so", measure_fn=None) == {"rows": 0, "default": False}
+    assert quant_rows.decide("block", "unused.so", measure_fn=None) == {"rows": 0,
+                                                                        "default": False}
     assert weight_quantization(EngineArgs(model=tiny_gguf, quantization="none"), resolved) is None
     assert weight_quantization(EngineArgs(model=tiny_gguf, quantization="gguf"), resolved) == "gguf"
     assert weight_quantization(EngineArgs(model=tiny_gguf, tensor_parallel_size=2),
@@ -145,43 +146,58 @@ def test_default_for_gguf_follows_the_measured_choice(monkeypatch, tiny_gguf):
                                resolved) is None
 
 
-def test_block_choice_rule():
-    from pagedjax.kernels_pallas.cpu import block_rows
+def test_quant_kernel_choice_rule(tmp_path, monkeypatch):
+    from pagedjax.kernels_pallas.cpu import quant_rows
 
-    win = {r: {"block": 1.0, "jnp": 2.0, "float": 1.5} for r in (1, 16, 128)}
-    assert block_rows.choose(win) == {"rows": 128, "default": True}
-    lose_big = {**win, 128: {"block": 2.0, "jnp": 2.5, "float": 1.0}}
-    assert block_rows.choose(lose_big) == {"rows": 128, "default": False}
-    never = {r: {"block": 3.0, "jnp": 2.0, "float": 1.0} for r in (1, 16)}
-    assert block_rows.choose(never) == {"rows": 0, "default": False}
+    win = {r: {"cpp": 1.0, "jnp": 2.0, "float": 1.5} for r in (1, 16, 128)}
+    assert quant_rows.choose(win) == {"rows": 128, "default": True}
+    lose_big = {**win, 128: {"cpp": 2.0, "jnp": 2.5, "float": 1.0}}
+    assert quant_rows.choose(lose_big) == {"rows": 128, "default": False}
+    never = {r: {"cpp": 3.0, "jnp": 2.0, "float": 1.0} for r in (1, 16)}
+    assert quant_rows.choose(never) == {"rows": 0, "default": False}
+    # measured once, then cached beside the build, per kernel; int8 is never a default
+    for k in quant_rows.KERNELS:
+        monkeypatch.delenv(quant_rows.ENV[k], raising=False)
+    so, calls = tmp_path / "lib.so", []
+    for kernel, want in (("block", True), ("int8", False)):
+        got = quant_rows.decide(kernel, so, lambda: calls.append(kernel) or win)
+        assert got == {"rows": 128, "default": want}
+        assert quant_rows.decide(kernel, so, None) == got  # from the cache
+    assert calls == ["block", "int8"]
+    monkeypatch.setenv(quant_rows.ENV["int8"], "x")
+    with pytest.raises(ValueError, match="PAGEDJAX_INT8_MATMUL_ROWS"):
+        quant_rows.decide("int8", so, None)
 
 
 _PARITY = r"""
 import json, sys
 from pagedjax import LLM, SamplingParams
 prompts = [f"Question {i}: name one thing about the number {i * 7 + 3}." for i in range(16)]
-out = {}
-for q in ("none", "gguf"):
-    llm = LLM(sys.argv[1], quantization=q, max_num_seqs=16)
-    res = llm.generate(prompts, SamplingParams(max_tokens=16, temperature=0.0, logprobs=1))
-    out[q] = {"rows": llm.llm_engine.runner.plan.block_matmul_rows,
-              "tokens": [list(r.outputs[0].token_ids) for r in res],
-              "lp": [[d[t].logprob for d, t in zip(r.outputs[0].logprobs, r.outputs[0].token_ids)]
-                     for r in res]}
-    del llm
-print("RESULT" + json.dumps(out))
+llm = LLM(sys.argv[1], quantization=sys.argv[2], max_num_seqs=16, max_model_len=256,
+          cpu_kv_cache_gib=0.25)
+res = llm.generate(prompts, SamplingParams(max_tokens=16, temperature=0.0, logprobs=1))
+print("RESULT" + json.dumps({
+    "rows": llm.llm_engine.runner.plan.block_matmul_rows,
+    "tokens": [list(r.outputs[0].token_ids) for r in res],
+    "lp": [[d[t].logprob for d, t in zip(r.outputs[0].logprobs, r.outputs[0].token_ids)]
+           for r in res]}))
 """
+
+
+def _generate(model: str, quantization: str) -> dict:
+    """Greedy tokens and logprobs of 16 prompts, in a process of its own."""
+    env = dict(os.environ, PAGEDJAX_BLOCK_MATMUL_ROWS="4096")  # every step through the kernel
+    r = subprocess.run([sys.executable, "-c", _PARITY, model, quantization],
+                       capture_output=True, text=True, timeout=1200, env=env, cwd=REPO_ROOT)
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT")]
+    assert r.returncode == 0 and line, (r.returncode, r.stderr[-3000:])
+    return json.loads(line[0][len("RESULT"):])
 
 
 @pytest.mark.slow
 def test_default_model_greedy_tokens_equal_dequantized(smollm2_gguf):
-    env = dict(os.environ, PAGEDJAX_BLOCK_MATMUL_ROWS="4096")  # every step through the kernel
-    r = subprocess.run([sys.executable, "-c", _PARITY, smollm2_gguf], capture_output=True,
-                       text=True, timeout=1800, env=env, cwd=REPO_ROOT)
-    line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT")]
-    assert r.returncode == 0 and line, r.stderr[-3000:]
-    out = json.loads(line[0][len("RESULT"):])
-    assert out["gguf"]["rows"] == 4096
-    assert out["gguf"]["tokens"] == out["none"]["tokens"]
-    for a, b in zip(out["gguf"]["lp"], out["none"]["lp"]):
+    ours, ref = _generate(smollm2_gguf, "gguf"), _generate(smollm2_gguf, "none")
+    assert ours["rows"] == 4096
+    assert ours["tokens"] == ref["tokens"]
+    for a, b in zip(ours["lp"], ref["lp"]):
         assert np.allclose(a, b, atol=2e-3), (a, b)

@@ -22,6 +22,7 @@ import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import pagedjax.models as models  # noqa: E402
+import pagedjax.models.loader  # noqa: E402
 from pagedjax.models import quant as Q  # noqa: E402
 from pagedjax.models.metadata import SeqChunk, build_metadata  # noqa: E402
 

@@ -1,0 +1,209 @@
+"""Where the quantized-weight C++ kernels pay, on this machine: each kernel's own
+row limit, and whether the GGUF block kernel beats float32 weights at every row
+count (then GGUF files keep their blocks by default).
+
+Two kernels, each measured once per machine and build like the float limit
+(matmul_rows.py; that limit is not theirs: a kernel that reads a quarter or an
+eighth of the bytes wins at row counts where the float kernel loses):
+
+  block   blockmatmul.cc on Q4_1 blocks (the default model's format)
+  int8    qmatmul.cc on per-channel int8 weights
+
+SmolLM2-shaped ``[rows, 576] @ [576, 1536]`` weights over ``n_weights``
+distinct matrices (so that they come from memory as a model's do), at
+``CANDIDATE_ROWS``, three ways in alternating order:
+
+  cpp     the kernel on the quantized weights
+  jnp     the same quantized weights' other path: dequantized in the step
+  float   the weights dequantized at load: the float32 path of a step
+
+``rows`` (``plan.block_matmul_rows`` / ``plan.int8_matmul_rows``) is
+``matmul_rows.choose_rows`` of cpp against jnp: steps of up to that many rows
+run the kernel when a model keeps such weights. ``default`` (block only) is
+True when cpp beats float at every measured count and the limit covers them
+all. Cached beside the kernel's build (``<so>.<kernel>_rows.json``);
+``PAGEDJAX_BLOCK_MATMUL_ROWS`` / ``PAGEDJAX_INT8_MATMUL_ROWS`` set a limit instead
+(0: never; for the block kernel a positive limit also makes it the default).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+from pagedjax.kernels_pallas.cpu import matmul_rows
+
+KERNELS = ("block", "int8")
+ENV = {"block": "PAGEDJAX_BLOCK_MATMUL_ROWS", "int8": "PAGEDJAX_INT8_MATMUL_ROWS"}
+CANDIDATE_ROWS = (1, 4, 16, 64, 128, 256)
+FORMAT = 1
+
+_lock = threading.Lock()
+_chosen: dict[str, dict] = {}
+
+
+def _weights(kernel: str, n_weights: int, k: int, n: int) -> list[dict]:
+    """Random components [k_c, n] of ``n_weights`` weights (models/quant.py's layout)."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    out = []
+    for _ in range(n_weights):
+        if kernel == "int8":
+            q = rng.integers(-127, 128, (k, n)).astype(np.int8)
+            scale = (rng.random(n) * 0.01 + 0.001).astype(np.float32)
+            out.append({"q": jnp.asarray(q), "scale": jnp.asarray(scale)})
+            continue
+        qs = rng.integers(0, 256, (k // 2, n)).astype(np.uint8)
+        d = (rng.random((k // 32, n)) * 0.01 + 0.001).astype(np.float16)
+        m = (-8 * d.astype(np.float32)).astype(np.float16)
+        out.append({"qs": jnp.asarray(qs), "d": jnp.asarray(d), "m": jnp.asarray(m)})
+    return out
+
+
+def kernel_fn(kernel: str):
+    """The C++ kernel's ``(x, comps) -> x @ W``."""
+    if kernel == "int8":
+        from pagedjax.kernels_pallas.cpu import qmatmul
+
+        return lambda x, c: qmatmul.qmatmul(x, c["q"], c["scale"])
+    from pagedjax.kernels_pallas.cpu import blockmatmul
+
+    return lambda x, c: blockmatmul.blockmatmul("q4_1", c, x)
+
+
+def measure(kernel: str, dequantize, quant_matmul, float_matmul, rows=CANDIDATE_ROWS,
+            reps: int = 5, n_weights: int = 16, k: int = 576,
+            n: int = 1536) -> dict[int, dict[str, float]]:
+    """rows -> {"cpp", "jnp", "float"} best seconds of ``reps`` jitted calls over
+    ``n_weights`` distinct weights. The models' paths come from the caller (this
+    package does not import the models): ``dequantize(kind, comps) -> w [k, n]``,
+    ``quant_matmul(kind, x, comps)`` (the step's jnp path for quantized weights) and
+    ``float_matmul(x, w)`` (the step's float32 path)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    kind = "int8" if kernel == "int8" else "q4_1"
+    qs = _weights(kernel, n_weights, k, n)
+    ws = [jax.block_until_ready(dequantize(kind, q)) for q in qs]
+    cpp = kernel_fn(kernel)
+    fns = {
+        "cpp": (jax.jit(lambda x, qs: [cpp(x, q) for q in qs]), qs),
+        "jnp": (jax.jit(lambda x, qs: [quant_matmul(kind, x, q) for q in qs]), qs),
+        "float": (jax.jit(lambda x, ws: [float_matmul(x, w) for w in ws]), ws),
+    }
+    rng = np.random.default_rng(1)
+    out = {}
+    for r in rows:
+        x = jnp.asarray(rng.standard_normal((r, k), np.float32))
+        best = dict.fromkeys(fns, float("inf"))
+        for f, a in fns.values():
+            jax.block_until_ready(f(x, a))  # compile, warm
+        names = list(fns)
+        for i in range(reps):
+            for name in names if i % 2 == 0 else names[::-1]:
+                f, a = fns[name]
+                t = time.perf_counter()
+                jax.block_until_ready(f(x, a))
+                best[name] = min(best[name], time.perf_counter() - t)
+        out[r] = best
+    return out
+
+
+def choose(timings: dict[int, dict[str, float]]) -> dict:
+    """{"rows": the kernel's limit, "default": it beats float at every count}."""
+    rows = matmul_rows.choose_rows({r: (t["cpp"], t["jnp"]) for r, t in timings.items()})
+    wins = all(t["cpp"] < t["float"] for t in timings.values())
+    return {"rows": rows, "default": bool(wins and rows >= max(timings))}
+
+
+def cache_path(library: str | os.PathLike, kernel: str) -> Path:
+    return Path(library).with_suffix(f".{kernel}_rows.json")
+
+
+def read_cache(path: Path) -> dict | None:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        return None
+    rows, default = data.get("rows"), data.get("default")
+    if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0 or \
+            not isinstance(default, bool):
+        return None
+    return {"rows": rows, "default": default}
+
+
+def write_cache(path: Path, choice: dict, timings: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {"format": FORMAT, **choice,
+            "timings_s": {str(r): t for r, t in timings.items()}}
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def env_override(kernel: str) -> dict | None:
+    name = ENV[kernel]
+    v = os.environ.get(name, "").strip()
+    if not v:
+        return None
+    try:
+        rows = int(v)
+    except ValueError:
+        rows = -1
+    if rows < 0:
+        raise ValueError(f"{name}={v!r}: expected a non-negative integer (the most rows a "
+                         f"step may have to run its {kernel} matmuls in the C++ kernel; 0: never)")
+    return {"rows": rows, "default": kernel == "block" and rows > 0}
+
+
+def decide(kernel: str, library, measure_fn) -> dict:
+    """The choice for ``kernel``'s build at ``library``: the environment's, else cached,
+    else measured (``measure_fn() -> timings``) and cached. Off without a library."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel: {kernel!r} is not one of {KERNELS}")
+    override = env_override(kernel)
+    if override is not None:
+        return override
+    if library is None:
+        return {"rows": 0, "default": False}
+    path = cache_path(library, kernel)
+    cached = read_cache(path)
+    if cached is not None:
+        return cached
+    timings = measure_fn()
+    choice = choose(timings)
+    if kernel != "block":
+        choice["default"] = False
+    try:
+        write_cache(path, choice, timings)
+    except OSError:
+        pass
+    return choice
+
+
+def _library(kernel: str) -> str | None:
+    """The vectorized build of ``kernel`` (None when it is not built or is scalar)."""
+    from pagedjax.kernels_pallas.cpu import blockmatmul, build, qmatmul
+
+    if kernel == "int8":
+        info = build.build_info("cpu_qmatmul") if qmatmul.fast() else None
+        return info["so"] if info else None
+    return blockmatmul.library_path() if blockmatmul.fast() else None
+
+
+def kernel_rows(kernel: str, measure_fn) -> dict:
+    """This process's choice for ``kernel``, decided once ({"rows": 0, "default":
+    False} when its vectorized build is missing). ``measure_fn`` as in :func:`decide`."""
+    with _lock:
+        if kernel not in _chosen:
+            _chosen[kernel] = decide(kernel, _library(kernel), measure_fn)
+        return dict(_chosen[kernel])
