@@ -96,7 +96,6 @@ class _DeadlineProtocol(H11Protocol):
 
     def _arm(self, seconds: float) -> None:
         self._disarm()
-        self._phase_started = time.monotonic()
         self._timer = self.loop.call_later(seconds, self._expired)
 
     def _disarm(self) -> None:
