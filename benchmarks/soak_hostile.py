@@ -14,7 +14,9 @@ Each of the N clients loops until the soak ends, picking one of:
 
 An outcome is ``ok`` when the server answered as expected, ``failed`` for an
 unexpected status (any 5xx) or a broken connection where an answer was due,
-``hung`` when nothing came within the request timeout.
+``hung`` when nothing came within the request timeout (the soak's
+``--request-timeout``: a streamed request may wait minutes in the queue behind
+the other clients before its first byte).
 """
 
 from __future__ import annotations
@@ -76,7 +78,9 @@ async def slow_reader(host, port, api_key, rng, timeout) -> str:
                     return "ok"
                 await asyncio.sleep(1.0)
             return "hung"
-        except (ConnectionError, asyncio.TimeoutError):
+        except asyncio.TimeoutError:
+            return "hung"
+        except ConnectionError:
             return "failed"
         finally:
             writer.close()
