@@ -130,7 +130,7 @@ class EngineArgs:
     def _check_types(self) -> None:
         """Paths, numbers and switches of the wrong type (a TypeError that is also a
         ValueError, naming the argument)."""
-        from pagedjax.sampling_params import ArgumentTypeError, short
+        from pagedjax.arguments import ArgumentTypeError, short
 
         for name in ("model", "tokenizer", "compilation_cache_dir"):
             v = getattr(self, name)

@@ -16,6 +16,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
+from pagedjax.arguments import ArgumentTypeError, short  # noqa: F401 - re-exported
+
 # Temperatures below this are greedy (vLLM's _SAMPLING_EPS).
 SAMPLING_EPS = 1e-5
 # Most logprobs a request may ask for (per generated or prompt token); vLLM's
@@ -52,25 +54,6 @@ class SamplingType(enum.IntEnum):
     GREEDY = 0
     RANDOM = 1
     RANDOM_SEED = 2
-
-
-class ArgumentTypeError(TypeError, ValueError):
-    """An argument of the wrong type (a TypeError; also a ValueError, so that code
-    catching bad input as ValueError catches it too)."""
-
-
-MAX_QUOTE_CHARS = 60
-
-
-def short(value: Any, limit: int = MAX_QUOTE_CHARS) -> str:
-    """``repr(value)`` cut to ``limit`` characters, with its type and full size said."""
-    try:
-        r = repr(value)
-    except Exception:  # noqa: BLE001 - e.g. an int too large to print
-        return f"<{type(value).__name__}>"
-    if len(r) <= limit:
-        return r
-    return f"{r[:limit]}... ({type(value).__name__}, {len(r)} characters)"
 
 
 def _as_list(name: str, value: Any, what: str) -> list:

@@ -181,8 +181,8 @@ async def _all_clients(base, api_key, clients, duration, max_requests, timeout, 
 
     jobs = [run_clients(base, api_key, clients, duration, max_requests, timeout, seed)]
     if hostile:
-        jobs.append(hostile_clients(base, api_key, hostile, time.time() + duration,
-                                    min(timeout, 180.0), seed))
+        jobs.append(hostile_clients(base, api_key, hostile, time.time() + duration, timeout,
+                                    seed))
     out = await asyncio.gather(*jobs)
     return out[0], (out[1] if hostile else [])
 

@@ -13,7 +13,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from pagedjax.sampling_params import ArgumentTypeError, SamplingParams, short
+from pagedjax.arguments import ArgumentTypeError, short
+from pagedjax.sampling_params import SamplingParams
 
 PROMPT_FORMS = ("a string, a list of token ids, or a dict with 'prompt' (a string) or "
                 "'prompt_token_ids' (a list of token ids)")

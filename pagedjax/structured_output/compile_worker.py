@@ -23,14 +23,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-import threading
 import time
 
 import numpy as np
 
 from pagedjax.sampling_params import StructuredOutputsParams
 from pagedjax.structured_output.frames import read_frame, write_frame
-from pagedjax.structured_output.grammar import grammar_text, parser_limits
+from pagedjax.structured_output.grammar import call_with_stack, grammar_text, parser_limits
 
 
 def spec_from_message(msg: dict) -> StructuredOutputsParams:
@@ -71,24 +70,6 @@ def check(ll, n_vocab: int, eos: list[int], spec: StructuredOutputsParams,
         m.consume_token(allowed[0])
 
 
-def _on_thread(fn, stack_bytes: int):
-    """Run ``fn()`` on a new thread with a ``stack_bytes`` stack; its result or exception."""
-    box: dict = {}
-
-    def run():
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - handed back to the caller
-            box["error"] = e
-    threading.stack_size(stack_bytes)
-    t = threading.Thread(target=run, name="grammar-check")
-    t.start()
-    t.join()
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
-
-
 def main() -> int:
     import resource
 
@@ -112,7 +93,7 @@ def main() -> int:
         t0 = time.perf_counter()
         try:
             spec = spec_from_message(json.loads(frame))
-            _on_thread(lambda: check(ll, n_vocab, eos, spec, int(init["probe_steps"])),
+            call_with_stack(lambda: check(ll, n_vocab, eos, spec, int(init["probe_steps"])),
                        int(init["stack_bytes"]))
             reply = {"ok": True, "seconds": time.perf_counter() - t0}
         except MemoryError:

@@ -50,6 +50,34 @@ from pagedjax.sampling_params import StructuredOutputsParams
 
 CACHE_SIZE = 256  # compiled grammars kept (LRU), and as many refused specs
 MAX_ERROR_CHARS = 300
+# With a sandbox, the server compiles on a thread of this stack: 4x the compile
+# workers' (sandbox.SandboxLimits.stack_bytes), whatever the process's default.
+SERVER_STACK_BYTES = 32 << 20
+
+
+def call_with_stack(fn, stack_bytes: int):
+    """``fn()`` on a new thread whose stack is ``stack_bytes``; its result or exception."""
+    box: dict = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed back to the caller
+            box["error"] = e
+    with _STACK_LOCK:  # threading.stack_size is process-wide: set, start, restore
+        old = threading.stack_size(stack_bytes)
+        try:
+            t = threading.Thread(target=run, name="grammar-compile")
+            t.start()
+        finally:
+            threading.stack_size(old)
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+_STACK_LOCK = threading.Lock()
 
 
 def parser_limits():
@@ -210,8 +238,6 @@ class GrammarCompiler:
                 table.popitem(last=False)
 
     def _compile(self, spec: StructuredOutputsParams, key: str) -> CompiledGrammar:
-        from llguidance import LLMatcher
-
         ll = self.ll_tokenizer()
         t0 = time.perf_counter()
         if self.sandbox is not None:
@@ -221,6 +247,12 @@ class GrammarCompiler:
             except ValueError as e:
                 raise ValueError(f"invalid {spec.kind} in structured_outputs: "
                                  f"{short_error(str(e))}") from None
+            return call_with_stack(lambda: self._build(spec, key, ll, t0), SERVER_STACK_BYTES)
+        return self._build(spec, key, ll, t0)
+
+    def _build(self, spec: StructuredOutputsParams, key: str, ll, t0: float) -> CompiledGrammar:
+        from llguidance import LLMatcher
+
         text = grammar_text(spec)
         is_error, msgs = LLMatcher.validate_grammar_with_warnings(text, ll,
                                                                    limits=parser_limits())

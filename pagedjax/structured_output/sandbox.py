@@ -7,8 +7,9 @@ first in a ``compile_worker`` process, under
 
 * a time budget (``timeout_s``): a worker still busy then is killed;
 * a memory budget (``memory_bytes``, the worker's address-space limit);
-* a stack smaller than the server's threads (``stack_bytes``): what compiles
-  there compiles on the server's 8 MiB threads (llguidance is deterministic);
+* a stack of ``stack_bytes`` (8 MiB), a quarter of the thread the server then
+  compiles on (``grammar.SERVER_STACK_BYTES``): what compiled in the worker
+  compiles in the server (llguidance is deterministic);
 * a short probe walk (``probe_steps`` tokens), for lexers that fail late.
 
 A worker that crashes, overflows or runs out of time is replaced and the spec
@@ -51,7 +52,7 @@ class _WorkerLost(Exception):
 class SandboxLimits:
     timeout_s: float = 10.0
     memory_bytes: int = 4 << 30
-    stack_bytes: int = 2 << 20
+    stack_bytes: int = 8 << 20  # grammar.SERVER_STACK_BYTES is 4x this
     probe_steps: int = 8
     workers: int = 2
     start_timeout_s: float = 120.0

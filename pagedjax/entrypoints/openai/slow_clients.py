@@ -15,7 +15,8 @@
   has acknowledged (bytes written, less those still in the transport's buffer
   and in the kernel's send queue, ``SIOCOUTQ``). When that count has not moved
   for this long while bytes wait, the client has read nothing: the connection
-  is aborted, the handler sees a disconnect, and a stream's engine requests
+  is reset (``SO_LINGER`` 0, so the kernel drops the unsent bytes at once and
+  the client sees the reset), the handler sees a disconnect, and a stream's engine requests
   are aborted (their KV pages freed). Kernel buffers can hold megabytes, so
   counting acknowledged bytes finds a stalled reader long before the
   server's own writes would block.
@@ -30,6 +31,7 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import socket
 import struct
 import termios
 import time
@@ -76,6 +78,16 @@ def _kernel_queue(sock) -> int:
         return 0
 
 
+def _reset(sock) -> None:
+    """Make the coming close a reset: the kernel drops the unsent bytes at once (a
+    plain close would keep them, and the socket, while the peer's window is shut)
+    and the client learns that the connection is gone."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    except (OSError, AttributeError):
+        pass
+
+
 class _DeadlineProtocol(H11Protocol):
     """H11Protocol with header, body and stall deadlines (set by :func:`protocol_class`)."""
 
@@ -96,7 +108,6 @@ class _DeadlineProtocol(H11Protocol):
 
     def _arm(self, seconds: float) -> None:
         self._disarm()
-        self._phase_started = time.monotonic()
         self._timer = self.loop.call_later(seconds, self._expired)
 
     def _disarm(self) -> None:
@@ -145,7 +156,8 @@ class _DeadlineProtocol(H11Protocol):
             self._acked, self._progress_at = acked, now
         elif now - self._progress_at >= self.stall_timeout_s:
             logger.warning("a client read nothing for %g s (%d bytes waiting): connection "
-                           "aborted", self.stall_timeout_s, waiting)
+                           "reset", self.stall_timeout_s, waiting)
+            _reset(self._sock)
             self.transport.abort()
             return
         self._watch = self.loop.call_later(1.0, self._watchdog)

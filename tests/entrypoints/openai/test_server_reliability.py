@@ -98,6 +98,19 @@ def _unread_stream(srv, max_tokens: int) -> socket.socket:
     return s
 
 
+def _ends(s: socket.socket) -> bool:
+    """Reading now reaches a reset or the end of the stream (not a timeout)."""
+    s.settimeout(10)
+    try:
+        while s.recv(65536):
+            pass
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+    return True
+
+
 def test_unread_streams_are_ended_and_health_answers(srv):
     socks = [_unread_stream(srv, 480) for _ in range(16)]
     worst, stop = [0.0], threading.Event()
@@ -119,6 +132,8 @@ def test_unread_streams_are_ended_and_health_answers(srv):
             time.sleep(0.5)
         m = srv.wait_idle(timeout=30)
         assert m["pagedjax:kv_pages_held"] == 0
+        for s in socks:  # each client learns that its connection is gone
+            assert _ends(s), "the server left an unread stream open"
     finally:
         stop.set()
         t.join(15)
