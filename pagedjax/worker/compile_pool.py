@@ -10,7 +10,9 @@ program, the runner calls :meth:`CompilePool.need` with its key, which
   jumps the queue instead of waiting behind rarer programs);
 * waits for that one program only when a worker is compiling it.
 
-Once every job has run (:attr:`done`), nothing compiles inside a step any more,
+The workers run at the steps' own OS priority: a step waiting for a
+program a worker builds must not wait behind a starved thread. Once every job
+has run (:attr:`done`), nothing compiles inside a step any more,
 as after a warm-up done up front. A job that fails is logged and left to the
 step that needs it, which compiles it through its own call and raises there.
 """
@@ -136,3 +138,4 @@ def _close_at_exit(ref: "weakref.ref[CompilePool]") -> None:
     pool = ref()
     if pool is not None:
         pool.close()
+
