@@ -44,6 +44,7 @@ class CompilePool:
         self.completed = 0
         self.compiled_in_step = 0  # jobs a step ran itself, ahead of the queue
         self.failed: list[Hashable] = []
+        self.cancelled = 0  # jobs dropped by cancel() before they started
         self.started = time.perf_counter()
         self.seconds: float | None = None  # wall seconds until the last job ended
         self.done = threading.Event()
@@ -83,6 +84,7 @@ class CompilePool:
             dropped = len(self._pending)
             self._pending.clear()
             self.completed += dropped
+            self.cancelled += dropped
             last = dropped and not self._running and self.completed == self.total
         if last:
             self._finish()
@@ -110,8 +112,9 @@ class CompilePool:
         try:
             job()
         except Exception:  # noqa: BLE001 - the step that needs it compiles it and raises
-            logger.warning("background compilation of %r failed; it compiles on first use",
-                           key, exc_info=True)
+            if not self.cancelled:  # (not while the engine is going away)
+                logger.warning("background compilation of %r failed; it compiles on first "
+                               "use", key, exc_info=True)
             with self._lock:
                 self.failed.append(key)
         finally:
