@@ -72,7 +72,8 @@ class Phases:
         return out
 
 
-def child(max_tokens: int, workers: int | None, model: str | None, max_num_seqs: int) -> dict:
+def child(max_tokens: int, workers: int | None, model: str | None, max_num_seqs: int,
+          engine_args: dict | None = None) -> dict:
     """One start-up in this process (the caches come from the environment)."""
     ph = Phases()
     durations: list[float] = []  # seconds of each XLA backend compilation, in order
@@ -94,7 +95,7 @@ def child(max_tokens: int, workers: int | None, model: str | None, max_num_seqs:
     from pagedjax.kernels_pallas.cpu import build as cpu_build, matmul_rows as cpu_matmul_rows
     from pagedjax import LLM, SamplingParams
 
-    llm = ph.run("load", lambda: LLM(model, max_num_seqs=max_num_seqs))
+    llm = ph.run("load", lambda: LLM(model, max_num_seqs=max_num_seqs, **(engine_args or {})))
     runner = llm.llm_engine.runner
     ph.run("warmup", lambda: runner.warmup(progress=False, workers=workers))
     prompts = ["The capital of France is", "Write a haiku about the sea.",
@@ -121,7 +122,8 @@ def run_child(cache: str, ns: argparse.Namespace) -> dict:
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH")) if p)
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--max-tokens",
-           str(ns.max_tokens), "--max-num-seqs", str(ns.max_num_seqs)]
+           str(ns.max_tokens), "--max-num-seqs", str(ns.max_num_seqs),
+           "--engine-args", json.dumps(ns.engine_args)]
     if ns.workers is not None:
         cmd += ["--workers", str(ns.workers)]
     if ns.model is not None:
@@ -167,10 +169,14 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=None,
                     help="warm-up's compiling threads (default: pagedjax's, the usable cores)")
     ap.add_argument("--json", default=DEFAULT_JSON)
+    ap.add_argument("--engine-args", type=json.loads, default={},
+                    help='more LLM(...) settings as JSON, e.g. \'{"tensor_parallel_size": 2}\' '
+                         "(with XLA_FLAGS=--xla_force_host_platform_device_count=2 on the CPU)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ns = ap.parse_args(argv)
     if ns.child:
-        print(json.dumps(child(ns.max_tokens, ns.workers, ns.model, ns.max_num_seqs)))
+        print(json.dumps(child(ns.max_tokens, ns.workers, ns.model, ns.max_num_seqs,
+                               ns.engine_args)))
         return 0
     runs = [r.strip() for r in ns.runs.split(",") if r.strip()]
     bad = [r for r in runs if r not in ("cold", "warm")]
@@ -193,7 +199,8 @@ def main(argv=None) -> int:
     with open(ns.json, "w") as f:
         json.dump({"results": results, "ok": ok, "loadavg": load, "machine": machine.machine(),
                    "argv": sys.argv[1:], "workers": ns.workers,
-                   "model": ns.model, "max_num_seqs": ns.max_num_seqs}, f, indent=1)
+                   "model": ns.model, "max_num_seqs": ns.max_num_seqs,
+                   "engine_args": ns.engine_args}, f, indent=1)
     return 0 if ok else 1
 
 

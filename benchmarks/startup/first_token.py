@@ -16,7 +16,9 @@ is a fresh folder for the cold run and the same folder for the warm run that
 follows it. The C++ kernel builds (``PAGEDJAX_CACHE_DIR``) are left where they
 are (built once, by the first run if not before): this measures the compiled
 XLA programs, the loading and the warm-up, not the C++ compiler. Prints a
-table and writes JSON (``benchmarks/results/first_token.json``).
+table and writes JSON (``benchmarks/results/first_token.json``). Beside wall
+seconds, the CPU seconds the process used until its first token (all its
+threads): on a shared machine they move much less with a busy neighbour.
 """
 
 from __future__ import annotations
@@ -60,8 +62,9 @@ t2 = time.time()
 c, h = CompileCounter.count, CompileCounter.cache_hits
 llm.generate([%r], SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
 t3 = time.time()
+cpu = time.process_time()
 n, m = CompileCounter.count - c, CompileCounter.cache_hits - h
-print(json.dumps({"token_at": t3, "import_s": t1 - t0, "llm_s": t2 - t1, "generate_s": t3 - t2,
+print(json.dumps({"token_at": t3, "cpu_s": cpu, "import_s": t1 - t0, "llm_s": t2 - t1, "generate_s": t3 - t2,
                   "load": {"compiled": c - h, "read_back": h},
                   "generate": {"compiled": n - m, "read_back": m}}))
 """ % PROMPT
@@ -116,6 +119,7 @@ def server(python: str, cache: str, timeout: float) -> dict:
             except (urllib.error.URLError, ConnectionError, OSError):
                 time.sleep(0.05)
         answered = time.time() - start
+        cpu = _cpu_seconds(proc.pid)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -127,7 +131,17 @@ def server(python: str, cache: str, timeout: float) -> dict:
     phases = [ln.strip() for ln in log.read().splitlines()
               if any(f"{p}: " in ln for p in ("load", "compile", "ready"))]
     log.close()
-    return {"first_token_s": answered, "log": phases[:6]}
+    return {"first_token_s": answered, "cpu_s": cpu, "log": phases[:6]}
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a running process, all its threads (Linux)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def run(ns: argparse.Namespace) -> dict:
@@ -146,7 +160,8 @@ def run(ns: argparse.Namespace) -> dict:
                         out["loadavg"] = os.getloadavg()
                         results[label].setdefault(f"{case} {temp}", []).append(out)
                         print(f"round {rnd + 1} {label:>8} {case} {temp}: "
-                              f"{out['first_token_s']:.1f} s", flush=True)
+                              f"{out['first_token_s']:.1f} s wall, {out['cpu_s']:.1f} s CPU",
+                              flush=True)
                 finally:
                     shutil.rmtree(folder, ignore_errors=True)
     return {"pythons": pythons, "results": results}
@@ -155,13 +170,15 @@ def run(ns: argparse.Namespace) -> dict:
 def table(res: dict) -> str:
     labels = list(res["results"])
     cases = list(next(iter(res["results"].values())))
-    head = "| case | " + " | ".join(f"{lb} s (median; each run)" for lb in labels) + " |"
+    head = "| case | " + " | ".join(f"{lb}: wall s, CPU s (median of runs)" for lb in labels) + " |"
     lines = [head, "|---|" + "---|" * len(labels)]
     for case in cases:
         cells = []
         for lb in labels:
-            xs = [r["first_token_s"] for r in res["results"][lb][case]]
-            cells.append(f"{statistics.median(xs):.1f} ({', '.join(f'{x:.1f}' for x in xs)})")
+            runs = res["results"][lb][case]
+            wall = statistics.median(r["first_token_s"] for r in runs)
+            cpu = statistics.median(r["cpu_s"] for r in runs)
+            cells.append(f"{wall:.1f}, {cpu:.1f}")
         lines.append(f"| {case} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

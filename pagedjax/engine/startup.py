@@ -51,9 +51,11 @@ def compile_programs(runner, args: EngineArgs, started: float) -> None:
         log.info("compile: %.1f s, every program (%s)", secs, _programs_since(mark))
     elif args.background_compile:
         def done(pool) -> None:
-            log.info("compile: %.1f s in the background, %d programs (%d built ahead of the "
-                     "queue by a step that needed them, %d failed; in all %s)", pool.seconds,
-                     pool.total, pool.compiled_in_step, len(pool.failed), _programs_since(mark))
+            log.info("compile: %.1f s in the background, %d of %d programs (%d built ahead of "
+                     "the queue by a step that needed them, %d failed, %d cancelled; in all %s)",
+                     pool.seconds, pool.total - pool.cancelled, pool.total,
+                     pool.compiled_in_step, len(pool.failed), pool.cancelled,
+                     _programs_since(mark))
 
         pool = runner.start_background_warmup(on_done=done)
         log.info("compile: %d programs on %d background thread(s); requests are served "

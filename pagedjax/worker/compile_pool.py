@@ -10,7 +10,9 @@ program, the runner calls :meth:`CompilePool.need` with its key, which
   jumps the queue instead of waiting behind rarer programs);
 * waits for that one program only when a worker is compiling it.
 
-Once every job has run (:attr:`done`), nothing compiles inside a step any more,
+The workers run at the steps' own OS priority: a step waiting for a
+program a worker builds must not wait behind a starved thread. Once every job
+has run (:attr:`done`), nothing compiles inside a step any more,
 as after a warm-up done up front. A job that fails is logged and left to the
 step that needs it, which compiles it through its own call and raises there.
 """
@@ -42,6 +44,7 @@ class CompilePool:
         self.completed = 0
         self.compiled_in_step = 0  # jobs a step ran itself, ahead of the queue
         self.failed: list[Hashable] = []
+        self.cancelled = 0  # jobs dropped by cancel() before they started
         self.started = time.perf_counter()
         self.seconds: float | None = None  # wall seconds until the last job ended
         self.done = threading.Event()
@@ -81,6 +84,7 @@ class CompilePool:
             dropped = len(self._pending)
             self._pending.clear()
             self.completed += dropped
+            self.cancelled += dropped
             last = dropped and not self._running and self.completed == self.total
         if last:
             self._finish()
@@ -108,8 +112,9 @@ class CompilePool:
         try:
             job()
         except Exception:  # noqa: BLE001 - the step that needs it compiles it and raises
-            logger.warning("background compilation of %r failed; it compiles on first use",
-                           key, exc_info=True)
+            if not self.cancelled:  # (not while the engine is going away)
+                logger.warning("background compilation of %r failed; it compiles on first "
+                               "use", key, exc_info=True)
             with self._lock:
                 self.failed.append(key)
         finally:
@@ -136,3 +141,4 @@ def _close_at_exit(ref: "weakref.ref[CompilePool]") -> None:
     pool = ref()
     if pool is not None:
         pool.close()
+

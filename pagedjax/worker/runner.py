@@ -365,18 +365,11 @@ class Runner:
         return warmup.warmup(self, progress=progress, shapes=shapes, workers=workers)
 
     def start_background_warmup(self, workers: int | None = None, on_done=None):
-        """Compile warm-up's programs on ``workers`` background threads (default
-        ``warmup.background_workers()``) while steps run: a step then waits only for
-        a program it needs that is not built yet (compile_pool.py). Call before the
-        first step, from the thread that runs the steps. Returns the CompilePool."""
+        """Compile warm-up's programs on background threads while steps run
+        (``warmup.start_background``); returns the CompilePool."""
         from pagedjax.worker import warmup
-        from pagedjax.worker.compile_pool import CompilePool
 
-        if self.compile_pool is not None:
-            raise RuntimeError("a background warm-up is already running for this runner")
-        jobs = warmup.compile_jobs(self, order="first_request")
-        self.compile_pool = CompilePool(jobs, workers or warmup.background_workers(), on_done)
-        return self.compile_pool
+        return warmup.start_background(self, workers, on_done)
 
     def model_compile_job(self, rows, sample_rows: Sequence[SampleRow]):
         """(key, job) for the model program a step of ``rows`` runs: ``job()``

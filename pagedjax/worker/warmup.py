@@ -1,4 +1,5 @@
-"""Warm-up: compile every program a runner's steps can run, before the first request.
+"""Warm-up: compile every program a runner's steps can run, before the first request
+(or, with :func:`start_background`, while the first requests are served).
 
 A step runs up to three programs (runner.py): the model program of its
 padded shape (the expensive one), the sampler program of its logits rows,
@@ -187,3 +188,19 @@ def warmup(runner, progress: bool = True, shapes=None, workers: int | None = Non
     t0 = time.perf_counter()
     run_jobs(compile_jobs(runner, shapes), workers or default_workers(), progress)
     return time.perf_counter() - t0
+
+
+def start_background(runner, workers: int | None = None, on_done=None):
+    """Compile every program of ``runner`` on ``workers`` background threads
+    (default ``background_workers()``) while steps run, a first request's first
+    (``compile_jobs(order="first_request")``); the runner's steps then wait only
+    for a program they need that is not built yet (compile_pool.py). Call before
+    the first step, from the thread that runs the steps (the jobs are listed
+    there). Sets and returns ``runner.compile_pool``."""
+    from pagedjax.worker.compile_pool import CompilePool
+
+    if runner.compile_pool is not None:
+        raise RuntimeError("a background warm-up is already running for this runner")
+    jobs = compile_jobs(runner, order="first_request")
+    runner.compile_pool = CompilePool(jobs, workers or background_workers(), on_done)
+    return runner.compile_pool

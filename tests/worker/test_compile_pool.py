@@ -74,6 +74,18 @@ def test_failed_job_is_left_to_its_step_and_the_pool_finishes():
     pool.need("bad")  # done: returns, the step's own call compiles it
 
 
+def test_cancel_drops_the_jobs_not_started_and_finishes():
+    gates = {"running": threading.Event()}
+    log: list = []
+    pool = CompilePool(_blocking_jobs(["running", "x", "y"], gates, log), workers=1)
+    while not log:
+        time.sleep(0.01)
+    pool.cancel()
+    assert not pool.done.is_set()  # the running job still runs
+    gates["running"].set()
+    assert pool.wait(10) and pool.cancelled == 2 and [n for n, _ in log] == ["running"]
+
+
 def test_pool_rejects_bad_workers():
     with pytest.raises(ValueError, match="workers must be a positive integer"):
         CompilePool({}, workers=0)
