@@ -38,6 +38,7 @@ REGISTRY: dict = {
     "Gemma3ForCausalLM": "pagedjax.models.gemma3:Gemma3ForCausalLM",
     "Qwen3ForCausalLM": "pagedjax.models.qwen2:Qwen3ForCausalLM",
     "Phi3ForCausalLM": "pagedjax.models.phi3:Phi3ForCausalLM",
+    "LlavaForConditionalGeneration": "pagedjax.models.llava:LlavaForConditionalGeneration",
 }
 
 
