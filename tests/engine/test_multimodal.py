@@ -55,7 +55,7 @@ def test_mixed_batch_one_two_images_and_text_match_transformers(folder, llm):
     path, hf_model = folder
     img = [vlm.random_image(i, (20 + 3 * i, 17 + i)) for i in range(3)]
     cases = [([1, 5, vlm.IMAGE_TOKEN, 7, 8], [img[0]]),  # 20 tokens: chunk cut inside the image
-             ([1, vlm.IMAGE_TOKEN, 9, vlm.IMAGE_TOKEN, 11], [img[1], img[2]]),
+             ([1, vlm.IMAGE_TOKEN, 10, vlm.IMAGE_TOKEN, 11], [img[1], img[2]]),
              ([1, 30, 31, 32, 33, 34], []),  # text only, same batch
              ([1, 40, vlm.IMAGE_TOKEN], [img[2]])]
     outs = llm.generate([_prompt(i, m) for i, m in cases], GREEDY, use_tqdm=False)
@@ -67,7 +67,7 @@ def test_mixed_batch_one_two_images_and_text_match_transformers(folder, llm):
 def test_parallel_samples_with_an_image(folder, llm):
     path, hf_model = folder
     img = vlm.random_image(7)
-    ids = [1, 6, vlm.IMAGE_TOKEN, 9]
+    ids = [1, 6, vlm.IMAGE_TOKEN, 10]
     out = llm.generate(_prompt(ids, [img]), SamplingParams(n=2, temperature=0.0, max_tokens=5,
                                                            ignore_eos=True), use_tqdm=False)[0]
     ref = hf_greedy(path, hf_model, ids, [img], 5)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 VOCAB = 128
-IMAGE_TOKEN = 127  # the placeholder token id ("w127")
+IMAGE_TOKEN = 9  # the placeholder token id ("w9": one-digit words tokenize whole)
 IMAGE_SIZE = 16
 PATCH = 4  # 16 patches per image
 
