@@ -105,15 +105,23 @@ class LLM:
              lora_request=None):
         """Apply the model's chat template to one conversation or a list of them
         (``lora_request`` as in :meth:`generate`)."""
+        from pagedjax.engine.mm_chat import chat_images
         from pagedjax.engine.tokenizer import apply_chat_template
 
         convs = messages if messages and isinstance(messages[0], list) else [messages]
         prompts = []
+        engine = self.llm_engine
+        mm = engine.mm_processor
+        placeholder = (engine.tokenizer.convert_ids_to_tokens(mm.image_token_id)
+                       if mm is not None else None)
         for conv in convs:
-            ids = apply_chat_template(self.llm_engine.tokenizer, conv,
+            conv, images = chat_images(list(conv), placeholder)  # image parts -> placeholders
+            ids = apply_chat_template(engine.tokenizer, conv,
                                       add_generation_prompt=add_generation_prompt,
                                       chat_template=chat_template)
             prompts.append({"prompt_token_ids": ids})
+            if images:
+                prompts[-1]["multi_modal_data"] = {"image": images}
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm,
                              lora_request=lora_request)
 

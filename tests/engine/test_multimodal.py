@@ -139,3 +139,22 @@ def test_limit_mm_per_prompt_and_text_only_model(folder, tmp_path):
     text = LLM(make_tiny_llama(str(tmp_path), 64, 1, 0), num_pages=16, max_model_len=64)
     with pytest.raises(ValueError, match="text-only"):
         text.generate(_prompt([1, 5], [vlm.random_image(1)]), GREEDY, use_tqdm=False)
+
+
+def test_llm_chat_with_image_parts(folder, llm):
+    import base64
+    import io
+
+    path, hf_model = folder
+    img = vlm.random_image(44)
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    for part in ({"type": "image_pil", "image_pil": img},
+                 {"type": "image_url", "image_url": {"url": url}}):
+        out = llm.chat([{"role": "user", "content": [{"type": "text", "text": "w5 w6"}, part]}],
+                       GREEDY, use_tqdm=False, chat_template=template)[0]
+        # Rendered "w5 w6\nw9\n": tokens 5, 6 and the image's placeholders.
+        assert out.outputs[0].token_ids == hf_greedy(path, hf_model, [5, 6, vlm.IMAGE_TOKEN],
+                                                     [img])
