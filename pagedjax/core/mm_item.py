@@ -27,3 +27,20 @@ class MMItem:
     def overlaps(self, start: int, end: int) -> bool:
         """Whether positions [start, end) meet this image's placeholders."""
         return self.offset < end and start < self.end
+
+
+def encoder_cut(items, start: int, num_new: int, left: int, fresh: bool) -> tuple[int, int]:
+    """The scheduler's encoder budget: a chunk [start, start + num_new) encodes the
+    images that begin inside it. Returns (tokens it may take, encoder rows it uses):
+    it stops right before the first image that would overrun ``left`` rows, except
+    that a step whose budget is untouched (``fresh``) takes one image of any size."""
+    used = 0
+    for it in items:
+        if it.offset < start:
+            continue
+        if it.offset >= start + num_new:
+            break
+        if used + it.length > left and not (fresh and used == 0):
+            return it.offset - start, used
+        used += it.length
+    return num_new, used

@@ -103,7 +103,9 @@ class LLMEngine:
                                    cfg.max_model_len,
                                    enable_prefix_caching=args.enable_prefix_caching,
                                    policy=args.scheduling_policy,
-                                   admit=self.lora.admit if self.lora is not None else None)
+                                   admit=self.lora.admit if self.lora is not None else None,
+                                   encoder_budget=mnbt if getattr(self.model, "is_multimodal", False)
+                                   else None)
         self.runner = Runner(self.model, self.params, kv, page_size=args.page_size,
                              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=mnbt,
                              max_model_len=cfg.max_model_len,
