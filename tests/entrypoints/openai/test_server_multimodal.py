@@ -104,6 +104,17 @@ def test_openai_client_base64_image_answer_matches_transformers(vlm_server):
     assert r.choices[0].message.content.split() == _hf_words(folder, hf_model, [5, 6, vlm.IMAGE_TOKEN], [img])
 
 
+def test_streaming_with_an_image_equals_the_whole_answer(vlm_server):
+    srv, _, _ = vlm_server
+    parts = [{"type": "text", "text": "w4"},
+             {"type": "image_url", "image_url": {"url": data_url(png(vlm.random_image(8)))}}]
+    client = srv.client()
+    whole = _ask(client, parts).choices[0].message.content
+    chunks = _ask(client, parts, stream=True)
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == whole and whole
+
+
 def test_url_from_allowed_domain_fetched_other_refused_without_connection(vlm_server,
                                                                           image_server):
     srv, folder, hf_model = vlm_server
