@@ -1,11 +1,13 @@
 """A step's image inputs: the embeddings buffer and each token's row in it.
 
-The model step takes ``mm_embeds = (embeddings [M, H], source i32[T])``: token t of
-the step reads row ``source[t]`` of the buffer instead of its token embedding
-when ``source[t] >= 0``. The buffer holds the encoder output of every image that
-meets one of the step's rows (from the encoder cache), padded to a power of two
-rows (>= 64) so that few programs are compiled; a row that covers only part of an
-image (chunked prefill cutting inside it) reads just that part.
+``step_mm_inputs`` concatenates the encoder output of every image that meets one of
+the step's rows (from the encoder cache), padded to a power of two rows (>= 64), and
+gives each token its row there (-1: a text token); a row that covers only part of an
+image (chunked prefill cutting inside it) reads just that part. ``step_rows`` then
+gathers the rows the step reads into a buffer of the step's token bucket T (a small
+program of its own), so the model step takes ``mm_embeds = (embeddings [T, H],
+source i32[T])`` at a shape fixed by its bucket: one program per bucket with images,
+whatever the images.
 """
 
 from __future__ import annotations
@@ -46,8 +48,12 @@ def step_mm_inputs(rows: Sequence, items_of: Callable[[str], tuple],
     return jnp.concatenate(pieces), source
 
 
-def pad_source(source: np.ndarray, num_tokens: int) -> np.ndarray:
-    """The per-token source padded to the step's token bucket (padding: -1)."""
-    out = np.full(num_tokens, -1, np.int32)
-    out[:len(source)] = source
-    return out
+def step_rows(gather: Callable, mm: tuple, num_tokens: int) -> tuple:
+    """(all images' rows [M, H], source over the real tokens) -> (the rows the step
+    reads [num_tokens, H], source i32[num_tokens] into them); ``gather(buf, rows)``."""
+    buf, source = mm
+    rows = np.zeros(num_tokens, np.int32)
+    rows[:len(source)] = np.maximum(source, 0)
+    src = np.full(num_tokens, -1, np.int32)
+    src[:len(source)] = np.where(source >= 0, np.arange(len(source)), -1)
+    return gather(buf, rows), src

@@ -167,6 +167,8 @@ class Runner:
                                static_argnames=("spec", "num_logprobs", "backend"))
         self._copy = jax.jit(self._copy_impl, donate_argnums=(0,), out_shardings=copy_out)
         self._encode = None  # the vision encoder's program (encode_images), made on first use
+        # The image rows a step reads, gathered to the step's token bucket (mm_inputs.py).
+        self._gather_rows = jax.jit(lambda buf, rows: jnp.take(buf, rows, axis=0))
 
     # ------------------------------------------------------------------ device
     def _step_impl(self, params, kv_caches, bufs, prev_tokens, mm=None, *, spec: PackSpec,
@@ -298,9 +300,9 @@ class Runner:
     def _run_model(self, rows, batch, prompt_k, shape, prev_tokens, mm=None):
         bbufs, bspec = pack(batch)
         if mm is not None:
-            from pagedjax.worker.mm_inputs import pad_source
+            from pagedjax.worker.mm_inputs import step_rows
 
-            mm = (mm[0], pad_source(mm[1], len(batch.token_ids)))
+            mm = step_rows(self._gather_rows, mm, len(batch.token_ids))
         # The numpy buffers go straight into the jitted call (one copy per dtype, made by
         # jit's C++ path: cheaper than a jax.device_put first, and placed as compiled).
         t0, c0 = time.perf_counter(), time.thread_time()
