@@ -41,6 +41,7 @@ REGISTRY: dict = {
     "Qwen3MoeForCausalLM": "pagedjax.models.qwen3_moe:Qwen3MoeForCausalLM",
     "Qwen2MoeForCausalLM": "pagedjax.models.qwen3_moe:Qwen2MoeForCausalLM",
     "MixtralForCausalLM": "pagedjax.models.mixtral:MixtralForCausalLM",
+    "LlavaForConditionalGeneration": "pagedjax.models.llava:LlavaForConditionalGeneration",
 }
 
 

@@ -175,6 +175,20 @@ def qkv_spec(prefix: str, num_kv_heads: int, head_dim: int, kind: str = "weight"
 # ----------------------------------------------------------------------------- module base
 
 
+def merge_embeddings(
+    x: jax.Array,  # [T, H] the tokens' embeddings
+    mm_embeds: tuple | None,  # (embeddings [M, H], source i32[T]) or None
+) -> jax.Array:  # [T, H]
+    """Token t takes row ``source[t]`` of ``embeddings`` where ``source[t] >= 0`` (an
+    image placeholder), its own embedding elsewhere: multimodal inputs enter the
+    normal step this way, at a static shape per bucket."""
+    if mm_embeds is None:
+        return x
+    embeds, source = mm_embeds
+    rows = jnp.take(embeds, jnp.maximum(source, 0), axis=0).astype(x.dtype)
+    return jnp.where((source >= 0)[:, None], rows, x)
+
+
 class DecoderLM(nnx.Module):
     """Base of the architectures (see the module docstring)."""
 
@@ -184,11 +198,13 @@ class DecoderLM(nnx.Module):
         token_ids: jax.Array,  # i32[T]
         meta: AttentionMetadata,
         plan: ExecutionPlan = DEFAULT_PLAN,
+        mm_embeds: tuple | None = None,  # (embeddings [M, H], source i32[T]): see merge_embeddings
     ) -> tuple[jax.Array, tuple]:  # hidden [T, H], kv_caches
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"kv_caches: expected {len(self.layers)} (pages, scales) pairs, "
                              f"got {len(kv_caches)}")
         x, ctx = self.embed(token_ids, meta, plan)
+        x = merge_embeddings(x, mm_embeds)
         new = []
         for layer, cache in zip(self.layers, kv_caches):
             x, cache = layer(x, cache, meta, plan, ctx)

@@ -23,7 +23,7 @@ from flax import nnx
 import pagedjax.kernels_pallas as kernels_pallas
 from pagedjax.models import nn
 from pagedjax.models.base import DEFAULT_PLAN, AttentionMetadata, ExecutionPlan, ModelInfo
-from pagedjax.models.common import GetTensor, WeightSpec
+from pagedjax.models.common import GetTensor, WeightSpec, merge_embeddings
 
 
 def path_str(path) -> str:
@@ -84,10 +84,28 @@ class CausalLM:
         token_ids: jax.Array,  # i32[T]
         meta: AttentionMetadata,
         plan: ExecutionPlan = DEFAULT_PLAN,
+        mm_embeds: tuple | None = None,  # (image embeddings [M, H], source i32[T]) or None
     ) -> tuple[jax.Array, tuple]:  # hidden [T, H], kv_caches
         if self._stacked(params):
-            return self._forward_scanned(params, kv_caches, token_ids, meta, plan)
-        return nnx.merge(self.graphdef, params)(kv_caches, token_ids, meta, plan)
+            return self._forward_scanned(params, kv_caches, token_ids, meta, plan, mm_embeds)
+        if mm_embeds is None:
+            return nnx.merge(self.graphdef, params)(kv_caches, token_ids, meta, plan)
+        return nnx.merge(self.graphdef, params)(kv_caches, token_ids, meta, plan, mm_embeds)
+
+    @property
+    def is_multimodal(self) -> bool:
+        """Whether the module takes images (has ``encode_images``)."""
+        return callable(getattr(self.module_cls, "encode_images", None))
+
+    def encode_images(
+        self,
+        params: dict,
+        pixel_values: jax.Array,  # f32[N, C, S, S] one static patch bucket
+        plan: ExecutionPlan = DEFAULT_PLAN,
+    ) -> jax.Array:  # [N, tokens per image, H] embeddings of the image placeholders
+        if self._stacked(params):
+            params = self._unstacked_placeholder(params)
+        return nnx.merge(self.graphdef, params).encode_images(pixel_values, plan)
 
     def compute_logits(
         self,
@@ -163,7 +181,7 @@ class CausalLM:
         first = jax.tree_util.tree_map(lambda a: a[0], params["layers"])
         return {**params, "layers": {i: first for i in range(self.info.num_layers)}}
 
-    def _forward_scanned(self, params, kv_caches, token_ids, meta, plan):
+    def _forward_scanned(self, params, kv_caches, token_ids, meta, plan, mm_embeds=None):
         import dataclasses
 
         model = nnx.merge(self.graphdef, self._unstacked_placeholder(params))
@@ -173,6 +191,7 @@ class CausalLM:
         flat = pages.reshape((n_layers * n_pages,) + pages.shape[2:])
         flat_s = None if scales is None else scales.reshape((n_layers * n_pages,) + scales.shape[2:])
         x, ctx = model.embed(token_ids, meta, plan)
+        x = merge_embeddings(x, mm_embeds)
 
         def body(carry, lp):
             x, flat, flat_s, idx = carry

@@ -69,6 +69,9 @@ def iter_state(model: CausalLM, get, get_raw=None):
     wmap = model.weight_map()
     shapes = model.param_shapes()
     seen: set[str] = set()
+    aliases = getattr(model.abstract, "checkpoint_aliases", None)
+    if aliases:
+        get = aliased(get, aliases)
     for key, spec in wmap.items():
         path = tuple(int(p) if p.isdigit() else p for p in key.split("."))
         kind = model.quantized.get(path)
@@ -120,6 +123,27 @@ def host_state(model: CausalLM, get, get_raw=None) -> dict:
     nested = {tuple(int(p) if p.isdigit() else p for p in key.split(".")): arr
               for key, arr in iter_state(model, get, get_raw)}
     return nnx.traversals.unflatten_mapping(nested)
+
+
+def aliased(get, aliases: dict[str, tuple[str, ...]]):
+    """``get`` that, for a name starting with a key of ``aliases`` and missing from the
+    checkpoint, tries the same name under each alternative prefix (checkpoints saved
+    by different transformers versions name the parts of a composite model differently)."""
+
+    def lookup(name: str):
+        try:
+            return get(name)
+        except (KeyError, ValueError):
+            for prefix, alts in aliases.items():
+                if name.startswith(prefix):
+                    for alt in alts:
+                        try:
+                            return get(alt + name[len(prefix):])
+                        except (KeyError, ValueError):
+                            continue
+            raise
+
+    return lookup
 
 
 def cast_like(host: dict, model: CausalLM):

@@ -94,6 +94,19 @@ class EngineArgs:
               '"prompt_lookup_max": 4, "prompt_lookup_min": 1} or a draft model sharing the '
               'tokenizer {"model": PATH, "num_speculative_tokens": 4} (steps then run serially; '
               'docs/speculative_decoding.md)')
+    limit_mm_per_prompt: dict | str | None = _opt(
+        None, 'most images per prompt, as JSON: {"image": 4} (vision-language models; '
+              'default: no limit; docs/multimodal.md)')
+    max_image_pixels: int = _opt(4096 * 4096, "largest image accepted (width x height)")
+    encoder_cache_size: int = _opt(8192, "vision-encoder output rows kept for images no "
+                                         "running request holds (repeats hit the cache)")
+    allowed_media_domains: str | None = _opt(
+        None, "comma-separated host names the server may fetch image_url http(s) URLs from "
+              "(default: none; data: URLs always work)")
+    allowed_local_media_path: str | None = _opt(
+        None, "folder whose files image_url file:// URLs may name (default: none)")
+    media_fetch_timeout: float = _opt(10.0, "seconds to fetch one image_url")
+    max_media_bytes: int = _opt(20 * 2**20, "largest image_url download, in bytes")
 
     def validate(self) -> None:
         self._check_types()
@@ -105,7 +118,7 @@ class EngineArgs:
 
         for name in ("max_model_len", "num_pages", "page_size", "max_num_seqs",
                      "max_num_batched_tokens", "tensor_parallel_size", "max_loras",
-                     "max_lora_rank", "max_cpu_loras"):
+                     "max_lora_rank", "max_cpu_loras", "max_image_pixels", "max_media_bytes"):
             positive(name, getattr(self, name))
         if self.page_size & (self.page_size - 1):
             raise ValueError(f"page_size must be a power of two (e.g. 16), got {self.page_size}")
@@ -120,6 +133,12 @@ class EngineArgs:
         from pagedjax.spec_decode.config import parse_speculative_config
 
         parse_speculative_config(self.speculative_config)  # raises ValueError naming the key
+        from pagedjax.core.mm_limits import parse_limits
+
+        parse_limits(self.limit_mm_per_prompt)  # raises ValueError naming the modality
+        if not isinstance(self.encoder_cache_size, int) or self.encoder_cache_size < 0:
+            raise ValueError(f"encoder_cache_size must be an integer >= 0, "
+                             f"got {self.encoder_cache_size!r}")
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)

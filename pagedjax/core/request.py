@@ -107,7 +107,7 @@ class Request:
                  "finish_reason", "stop_reason", "num_preemptions", "num_cached_tokens",
                  "parent_id", "sample_index", "block_hashes", "num_registered_pages",
                  "first_scheduled", "num_pending", "spec_token_ids", "waiting_seq",
-                 "max_num_tokens", "_finishers")
+                 "max_num_tokens", "_finishers", "mm_items")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: Any,
                  eos_token_ids: tuple[int, ...] = (), arrival_time: float | None = None,
@@ -157,6 +157,8 @@ class Request:
         # Its first insertion into a priority waiting queue (the tie-break, kept when
         # a preempted request comes back).
         self.waiting_seq: int | None = None
+        # Images in the prompt (core/mm_item.py MMItem, by offset); () for text.
+        self.mm_items: tuple = ()
 
     # ---- token views -------------------------------------------------------
     @property
@@ -256,6 +258,7 @@ class Request:
         child.parent_id = self.request_id
         child.sample_index = sample_index
         child.max_num_tokens = self.max_num_tokens
+        child.mm_items = self.mm_items
         return child
 
     def __repr__(self) -> str:

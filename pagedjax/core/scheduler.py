@@ -36,6 +36,7 @@ Extras: `stats()` (PoolStats), `kv_waste()`, `num_running`, `num_waiting`
 
 from __future__ import annotations
 
+from pagedjax.core.mm_item import encoder_cut
 from pagedjax.core.page_pool import PagePool, PoolStats
 from pagedjax.core.request import Request, RequestStatus
 from pagedjax.core.scheduler_output import ScheduledRow, SchedulerOutput
@@ -53,7 +54,8 @@ class Scheduler:
     def __init__(self, num_pages: int, page_size: int, max_num_seqs: int,
                  max_num_batched_tokens: int, max_model_len: int,
                  enable_prefix_caching: bool = False, policy: str = "fcfs",
-                 enable_chunked_prefill: bool = True, admit=None) -> None:
+                 enable_chunked_prefill: bool = True, admit=None,
+                 encoder_budget: int | None = None) -> None:
         for name, value in (("page_size", page_size), ("max_num_seqs", max_num_seqs),
                             ("max_num_batched_tokens", max_num_batched_tokens),
                             ("max_model_len", max_model_len)):
@@ -78,6 +80,10 @@ class Scheduler:
         # a waiting request is admitted (LoRA: its adapter needs a device slot); False
         # keeps it (and those behind it) waiting.
         self.admit = admit
+        # Vision-encoder rows one step may start (images beginning in its chunks;
+        # core/mm_item.py encoder_cut); None: text-only, no limit.
+        self.encoder_budget = encoder_budget
+        self._encoder_left = 0
         self.max_seq_len = min(max_model_len, self.pool.num_usable_pages * page_size)
         self.requests: dict[str, Request] = {}
         self.waiting = WaitingQueue(policy == "priority")
@@ -161,6 +167,7 @@ class Scheduler:
         rows: dict[str, ScheduledRow] = {}
         copies: dict[str, list[tuple[int, int]]] = {}
         out = SchedulerOutput()
+        self._encoder_left = self.encoder_budget or 0
         budget = self._schedule_running(rows, copies, out.preempted_ids)
         if not out.preempted_ids:
             budget = self._schedule_waiting(rows, budget)
@@ -203,6 +210,8 @@ class Scheduler:
                     i += 1
                     continue
             num_new = min(with_pending + len(spec) - start, budget)
+            if req.mm_items and self.encoder_budget is not None:
+                num_new = self._encoder_cut(req, start, num_new)
             if num_new <= 0:
                 i += 1
                 continue
@@ -244,6 +253,11 @@ class Scheduler:
                 if not self.enable_chunked_prefill:
                     break
                 num_new = budget
+            if req.mm_items and self.encoder_budget is not None:
+                whole = num_new
+                num_new = self._encoder_cut(req, computed, num_new)
+                if num_new <= 0 or (num_new < whole and not self.enable_chunked_prefill):
+                    break
             need = cdiv(computed + num_new, ps) - len(hits)
             evictable_hits = sum(1 for p in hits if self.pool.ref_count(p) == 0)
             if need + evictable_hits > self.pool.num_allocatable:
@@ -265,6 +279,13 @@ class Scheduler:
             rows[req.request_id] = self._make_row(req, num_new, req.num_tokens_with_pending)
             budget -= num_new
         return budget
+
+    def _encoder_cut(self, req: Request, start: int, num_new: int) -> int:
+        """num_new cut before the first image the step's encoder budget cannot take."""
+        fresh = self._encoder_left == self.encoder_budget
+        num_new, used = encoder_cut(req.mm_items, start, num_new, self._encoder_left, fresh)
+        self._encoder_left -= used
+        return num_new
 
     def _unforked_children(self) -> int:
         """n > 1 children still to be forked when in-flight prompt rows land."""

@@ -55,8 +55,11 @@ class EngineCore:
     """Scheduler + runner; sequences in, token deltas out."""
 
     def __init__(self, scheduler: Scheduler, runner: Runner, eos_token_ids: Sequence[int],
-                 async_scheduling: bool = True, lora_slot=None, speculator: Any = None):
+                 async_scheduling: bool = True, lora_slot=None, speculator: Any = None,
+                 encoder_cache: Any = None):
         self.scheduler = scheduler
+        # Vision-language models: the image encoder outputs (worker/encoder_cache.py).
+        self.encoder_cache = encoder_cache
         self.lora_slot = lora_slot  # lora_int_id -> device slot (LoRAManager.slot_of), or None
         self.runner = runner
         # Speculative decoding (spec_decode.Speculator): proposals before scheduling,
@@ -259,6 +262,7 @@ class EngineCore:
                                            s.params[0].logprobs))
                     targets_extra.append((sid, j))
         prev = self._inflight
+        mm = self._mm_inputs(sched.rows) if self.encoder_cache is not None else None
         if self.speculator is not None:  # serial: nothing in flight
             launched = self.speculator.launch(sched, first + extra, prompt_lp, prompt_tokens,
                                               lora_slots=lora_slots)
@@ -266,10 +270,27 @@ class EngineCore:
             launched = self.runner.launch(sched.rows, first + extra, prompt_lp, prompt_tokens,
                                           prev=prev.launched if prev else None,
                                           token_src=prev.token_src if prev else None,
-                                          lora_slots=lora_slots, defer_sample=bool(deferred))
+                                          lora_slots=lora_slots, defer_sample=bool(deferred),
+                                          mm=mm)
         self.num_steps += 1
         return _InFlight(sched, launched, token_src, targets_extra, prompt_starts,
                          first + extra if deferred else None, deferred or None)
+
+    def _mm_inputs(self, rows) -> tuple | None:
+        """The step's image inputs (encoding images the cache lacks); then releases
+        the requests whose image tokens are all computed, and those that left."""
+        from pagedjax.worker.mm_inputs import step_mm_inputs
+
+        cache, requests = self.encoder_cache, self.scheduler.requests
+        mm = step_mm_inputs(rows, lambda sid: requests[sid].mm_items, cache)
+        for row in rows:
+            items = requests[row.request_id].mm_items
+            if items and row.start_pos + len(row.token_ids) >= items[-1].end:
+                cache.release(row.request_id)
+        for sid in cache.holder_ids():
+            if sid not in requests:
+                cache.release(sid)
+        return mm
 
     def _sample_deferred(self, fl: _InFlight) -> None:
         """The step before is fetched and its tokens fed to the matchers: launch this

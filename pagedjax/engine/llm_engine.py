@@ -111,7 +111,9 @@ class LLMEngine:
                                    cfg.max_model_len,
                                    enable_prefix_caching=args.enable_prefix_caching,
                                    policy=args.scheduling_policy,
-                                   admit=self.lora.admit if self.lora is not None else None)
+                                   admit=self.lora.admit if self.lora is not None else None,
+                                   encoder_budget=mnbt if getattr(self.model, "is_multimodal", False)
+                                   else None)
         self.runner = Runner(self.model, self.params, kv, page_size=args.page_size,
                              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=mnbt,
                              max_model_len=cfg.max_model_len,
@@ -126,10 +128,11 @@ class LLMEngine:
             from pagedjax.spec_decode.speculator import make_speculator
 
             self.speculator = make_speculator(args, cfg, self.runner, self.scheduler, info)
+        self.mm_processor, encoder_cache = self._multimodal(args)
         self.core = EngineCore(self.scheduler, self.runner, self.eos_token_ids,
                                async_scheduling=args.async_scheduling,
                                lora_slot=self.lora.slot_of if self.lora is not None else None,
-                               speculator=self.speculator)
+                               speculator=self.speculator, encoder_cache=encoder_cache)
         if self.lora is not None:
             self.lora.warmup()
         self.processor = OutputProcessor(self.tokenizer)
@@ -143,6 +146,25 @@ class LLMEngine:
             info.num_layers, self.weight_bytes / 2**20, self.quantization, cfg.num_pages)
         compile_programs(self.runner, args, started)
         freeze_startup_heap()
+
+    def _multimodal(self, args: EngineArgs):
+        """(MultiModalProcessor, EncoderCache) of a vision-language model, else (None, None)."""
+        if not getattr(self.model, "is_multimodal", False):
+            return None, None
+        from pagedjax.engine.mm_processor import MultiModalProcessor
+        from pagedjax.worker.encoder_cache import EncoderCache
+
+        if self.speculator is not None:
+            raise ValueError("speculative_config: speculative decoding is not supported with "
+                             f"the vision-language model {self.info.architecture}")
+        proc = MultiModalProcessor.for_model(self.resolved.path, self.model.abstract,
+                                             args.limit_mm_per_prompt, args.max_image_pixels)
+        return proc, EncoderCache(self.runner.encode_images, args.encoder_cache_size)
+
+    @property
+    def encoder_cache(self):
+        """The vision encoder's output cache (worker/encoder_cache.py), None for text models."""
+        return self.core.encoder_cache
 
     @property
     def max_model_len(self) -> int:
@@ -197,6 +219,7 @@ class LLMEngine:
         text, ids = self.tokenize(prompt)
         if not ids:
             raise ValueError("the prompt is empty; give at least one token")
+        ids, mm_items = self._images(prompt, ids)
         if len(ids) >= self.max_model_len:
             raise ValueError(f"the prompt has {len(ids)} tokens but max_model_len is "
                              f"{self.max_model_len}, which must also leave room for at least "
@@ -216,9 +239,12 @@ class LLMEngine:
         lora_id = self._check_lora(lora_request)
         if lora_id:  # prefix-cache pages of one adapter never serve another
             salt = f"lora-{lora_id}:{lora_request.lora_path}|{salt or ''}"
+        if mm_items:  # prefix-cache pages of a prompt with images are keyed by the images too
+            salt = f"mm-{','.join(it.content_hash for it in mm_items)}|{salt or ''}"
         req = Request(request_id, ids, params, eos_token_ids=self.eos_token_ids,
                       arrival_time=arrival, priority=priority, max_model_len=self.max_model_len,
                       cache_salt=salt, lora_int_id=lora_id)
+        req.mm_items = mm_items
         self.core.add_request(req, int(self._rng.integers(0, 2**31 - 1)), bad_ids,
                               keep_topk=beam, grammar=grammar)  # ValueError: bad request
         if not beam:
@@ -226,6 +252,16 @@ class LLMEngine:
         if self._leader is not None:
             self._leader.publish_add(request_id, prompt, params, arrival, priority)
         self.num_prompt_tokens += len(ids)
+
+    def _images(self, prompt: Any, ids: list[int]) -> tuple[list[int], tuple]:
+        """The prompt's ``multi_modal_data``: (ids with image placeholders expanded, MMItems)."""
+        data = prompt.get("multi_modal_data") if isinstance(prompt, dict) else None
+        if not data:
+            return ids, ()
+        if self.mm_processor is None:
+            raise ValueError(f"multi_modal_data: the model {self.model_name} "
+                             f"({self.info.architecture}) is text-only and takes no images")
+        return self.mm_processor.process(ids, data)
 
     def _check_lora(self, lora_request) -> int:
         """Register a request's adapter (reads and checks it); its id, 0 for none."""

@@ -106,25 +106,33 @@ class LLM:
              lora_request=None, chat_template_kwargs: dict | None = None,
              tools: list[dict] | None = None, reasoning_parser: str | None = None):
         """Apply the model's chat template to one conversation or a list of them
-        (``lora_request`` as in :meth:`generate`).
+        (``lora_request`` as in :meth:`generate`). Image parts (``image_url`` with a
+        base64 ``data:`` URL, ``image_pil``, ``image``) go to a vision model.
 
         ``chat_template_kwargs`` are extra template variables (e.g.
         ``{"enable_thinking": False}``); ``tools`` reach the template as OpenAI's
         tool list. ``reasoning_parser`` ('qwen3', 'deepseek_r1') splits each
         output: ``reasoning_content`` holds the thinking and ``text`` the answer,
         and a structured-output constraint applies to the answer only."""
+        from pagedjax.engine.mm_chat import chat_images
         from pagedjax.engine.tokenizer import apply_chat_template
         from pagedjax.entrypoints.reasoning.chat import ChatReasoning
 
-        tok = self.llm_engine.tokenizer
+        engine = self.llm_engine
+        tok = engine.tokenizer
+        mm = engine.mm_processor
+        placeholder = tok.convert_ids_to_tokens(mm.image_token_id) if mm is not None else None
         convs = messages if messages and isinstance(messages[0], list) else [messages]
         prompts, splits, params = [], [], []
         for conv in convs:
+            conv, images = chat_images(list(conv), placeholder)  # image parts -> placeholders
             ids = apply_chat_template(tok, conv, add_generation_prompt=add_generation_prompt,
                                       chat_template=chat_template, tools=tools,
                                       **(chat_template_kwargs or {}))
             prompts.append({"prompt_token_ids": ids})
-            sp = sampling_params or SamplingParams()
+            if images:
+                prompts[-1]["multi_modal_data"] = {"image": images}
+            sp = sampling_params or self.get_default_sampling_params()
             if reasoning_parser is not None:
                 split = ChatReasoning(reasoning_parser, tok, ids)
                 splits.append(split)

@@ -176,9 +176,12 @@ class Runner:
         self._sample = jax.jit(self._sample_impl,
                                static_argnames=("spec", "num_logprobs", "backend"))
         self._copy = jax.jit(self._copy_impl, donate_argnums=(0,), out_shardings=copy_out)
+        self._encode = None  # the vision encoder's program (encode_images), made on first use
+        # The image rows a step reads, gathered to the step's token bucket (mm_inputs.py).
+        self._gather_rows = jax.jit(lambda buf, rows: jnp.take(buf, rows, axis=0))
 
     # ------------------------------------------------------------------ device
-    def _step_impl(self, params, kv_caches, bufs, prev_tokens, *, spec: PackSpec,
+    def _step_impl(self, params, kv_caches, bufs, prev_tokens, mm=None, *, spec: PackSpec,
                    plan: ExecutionPlan, prompt_k):
         """The model part of a step: forward + logits of the rows to sample.
 
@@ -188,7 +191,11 @@ class Runner:
         batch: BatchInputs = unpack(bufs, spec)
         src = batch.token_src
         token_ids = jnp.where(src >= 0, prev_tokens[jnp.maximum(src, 0)], batch.token_ids)
-        hidden, kv_caches = self.model.forward(params, kv_caches, token_ids, batch.meta, plan)
+        if mm is None:
+            hidden, kv_caches = self.model.forward(params, kv_caches, token_ids, batch.meta, plan)
+        else:  # (image embeddings [M, H], source i32[T]): worker/mm_inputs.py
+            hidden, kv_caches = self.model.forward(params, kv_caches, token_ids, batch.meta, plan,
+                                                   mm_embeds=mm)
         logits = self.model.compute_logits(params, hidden[batch.logits_index], plan)
         plp = None
         if prompt_k is not None:
@@ -211,6 +218,12 @@ class Runner:
         if isinstance(kv_caches[0], jax.Array):  # scan_layers: one stacked (pages, scales) pair
             return copy_pages(*kv_caches, src, dst, layer_axis=True)
         return tuple(copy_pages(pages, scales, src, dst) for pages, scales in kv_caches)
+
+    def encode_images(self, pixel_values: np.ndarray) -> jax.Array:
+        """The vision encoder (its own program per image size) -> [N, tokens, H]."""
+        if self._encode is None:
+            self._encode = jax.jit(self.model.encode_images, static_argnames=("plan",))
+        return self._encode(self.params, pixel_values, plan=self.plan)
 
     def copy_pages(self, copies: Sequence[tuple[int, int]]) -> None:
         if not copies:
@@ -255,17 +268,19 @@ class Runner:
                prompt_lp: dict[str, int] | None = None,
                prompt_tokens: dict[str, list[int]] | None = None,
                prev: Launched | None = None, token_src: dict[str, int] | None = None,
-               lora_slots=None, defer_sample: bool = False) -> Launched | ModelLaunched:
+               lora_slots=None, defer_sample: bool = False,
+               mm: tuple | None = None) -> Launched | ModelLaunched:
         """Dispatch one step without waiting for it. ``prompt_lp`` maps request ids
         wanting prompt logprobs to k; rows with a placeholder token read it from
         ``prev``'s sampled tokens at ``token_src[request_id]``. ``defer_sample``:
-        dispatch only the model; :meth:`launch_sample` dispatches the sampler."""
+        dispatch only the model; :meth:`launch_sample` dispatches the sampler.
+        ``mm``: the step's image inputs (worker/mm_inputs.py step_mm_inputs) or None."""
         prompt_lp = prompt_lp or {}
         batch, st, sample_index, num_logprobs, prompt_k, shape = self.prepare(
             rows, sample_rows, prompt_lp, prompt_tokens or {}, token_src, lora_slots)
         t0 = time.perf_counter()
         prev_tokens = prev.tokens if prev is not None else self._no_tokens
-        logits, plp = self._run_model(rows, batch, prompt_k, shape, prev_tokens)
+        logits, plp = self._run_model(rows, batch, prompt_k, shape, prev_tokens, mm)
         pending = ModelLaunched(logits, plp, st, sample_index, num_logprobs, shape, prompt_k,
                                 batch.meta.cu_q_lens,
                                 [r.request_id for r in rows] if prompt_lp else [],  # (fetch)
@@ -297,15 +312,21 @@ class Runner:
         return Launched(out, pending.plp, tokens, pending.cu_q_lens, pending.row_ids,
                         pending.prompt_lp, pending.t0)
 
-    def _run_model(self, rows, batch, prompt_k, shape, prev_tokens):
+    def _run_model(self, rows, batch, prompt_k, shape, prev_tokens, mm=None):
         bbufs, bspec = pack(batch)
         if self.compile_pool is not None:
             self.compile_pool.need(("model", bspec, prompt_k))
+        if mm is not None:
+            from pagedjax.worker.mm_inputs import step_rows
+
+            mm = step_rows(self._gather_rows, mm, len(batch.token_ids))
         # The numpy buffers go straight into the jitted call (one copy per dtype, made by
         # jit's C++ path: cheaper than a jax.device_put first, and placed as compiled).
         t0, c0 = time.perf_counter(), time.thread_time()
+        extra = () if mm is None else (mm,)  # text steps: the warmed-up program's signature
         logits, plp, self.kv_caches = self._step(self.params, self.kv_caches, bbufs, prev_tokens,
-                                                 spec=bspec, plan=self.plan, prompt_k=prompt_k)
+                                                 *extra, spec=bspec, plan=self.plan,
+                                                 prompt_k=prompt_k)
         self.dispatch_seconds += time.perf_counter() - t0
         self.dispatch_cpu_seconds += time.thread_time() - c0
         self.num_steps += 1

@@ -13,6 +13,7 @@ from typing import Any, AsyncIterator, Optional
 from pagedjax.engine.async_llm import AsyncLLM
 from pagedjax.entrypoints.openai import formatting as fmt
 from pagedjax.entrypoints.openai.chat_render import DEFAULT_TIME_LIMIT_S, render_chat_ids
+from pagedjax.entrypoints.openai.media import MediaFetcher, image_parts
 from pagedjax.entrypoints.openai.chat_tools import ChoiceTools
 from pagedjax.entrypoints.openai.errors import OpenAIError, param_of, short
 from pagedjax.entrypoints.openai.jobs import Job
@@ -56,6 +57,12 @@ class OpenAIServing:
         self.max_logprobs = max_logprobs
         self.template_time_limit_s = template_time_limit_s
         self.loras = None  # lora_routes.LoRARegistry: adapter names served as models
+        # Images (vision-language models): image_url parts, fetched under the media limits.
+        self.mm_processor = getattr(engine, "mm_processor", None)
+        self.image_placeholder = (None if self.mm_processor is None else
+                                  self.tokenizer.convert_ids_to_tokens(
+                                      self.mm_processor.image_token_id))
+        self.media = MediaFetcher.from_args(getattr(engine, "args", None))
 
     # ------------------------------------------------------------------ helpers
     def check_model(self, model: Optional[str]) -> str:
@@ -313,7 +320,12 @@ class OpenAIServing:
         if req.n > MAX_CHOICES:
             raise OpenAIError(f"n must be <= {MAX_CHOICES}.", 400, param="n")
         plan = plan_tools(req, self.tool_call_parser is not None)
+        messages, urls = image_parts(req.messages, self.image_placeholder)
+        if urls:
+            req = req.model_copy(update={"messages": messages})
         prompt = await self._render_chat(req, plan.tools)
+        if urls:
+            prompt["multi_modal_data"] = {"image": await self._fetch_images(urls)}
         plen = len(prompt["prompt_token_ids"])
         mt = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = self._check_length(plen, mt, "messages")
@@ -358,6 +370,14 @@ class OpenAIServing:
         n_out = sum(len(o.token_ids) for o in final.outputs)
         return {**meta, "object": "chat.completion", "choices": choices,
                 "usage": fmt.usage([plen], n_out)}
+
+    async def _fetch_images(self, urls: list[str]) -> list[bytes]:
+        """The images of ``image_url`` parts (their count checked before any fetch)."""
+        try:
+            self.mm_processor.check_count(len(urls))
+        except ValueError as e:
+            raise OpenAIError(str(e), 400, param="messages") from e
+        return [await self.media.fetch(u) for u in urls]
 
     @staticmethod
     def _tool_constraint(req, plan: ToolPlan):
