@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from typing import Any, Optional
 
+from pagedjax import arguments
+
 MAX_MESSAGE_CHARS = 1000
 MAX_QUOTE_CHARS = 40
 
@@ -18,14 +20,9 @@ _FIELD_RE = re.compile(r"^([a-z_]+) ")
 
 
 def short(value: Any, limit: int = MAX_QUOTE_CHARS) -> str:
-    """repr() of a value, cut to ``limit`` characters with its full size said."""
-    try:
-        r = repr(value)
-    except Exception:  # noqa: BLE001 - e.g. an int too large to print
-        return f"<{type(value).__name__}>"
-    if len(r) <= limit:
-        return r
-    return f"{r[:limit]}... ({len(r)} characters)"
+    """A client's value quoted for an error message (``pagedjax.arguments.short``, cut
+    shorter)."""
+    return arguments.short(value, limit)
 
 
 def param_of(message: str, aliases: Optional[dict] = None) -> Optional[str]:
