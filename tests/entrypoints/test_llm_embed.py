@@ -34,7 +34,7 @@ def hf_embed(path: str, texts, pooling: str, dims=None) -> list[np.ndarray]:
     from transformers import AutoModel, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModel.from_pretrained(path, torch_dtype=torch.float32)
+    model = AutoModel.from_pretrained(path, dtype=torch.float32)
     out = []
     with torch.no_grad():
         for t in texts:
