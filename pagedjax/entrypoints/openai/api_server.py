@@ -4,7 +4,9 @@
     pagedjax serve [M] --port 8000
 
 Routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions (tools:
-docs/tool_calling.md), POST /tokenize, POST /detokenize,
+docs/tool_calling.md), POST /v1/responses (+ GET/DELETE /v1/responses/{id}),
+POST /v1/messages, POST /v1/embeddings, POST /score, POST /rerank (docs/more_apis.md),
+POST /tokenize, POST /detokenize,
 GET /health, GET /version, GET /metrics, GET /openapi.json and /docs. Binds
 127.0.0.1 unless --host is given, and then answers only requests whose Host is
 a loopback name (or listed in --allowed-hosts). With --api-key (or
