@@ -319,7 +319,7 @@ class EngineCore:
             rid = self.seqs.root.get(sid, (None,))[0]
             if rid is not None:
                 out.prompt_logprobs[rid] = (fl.prompt_starts[sid],) + tuple(arrays)
-        for sid, hidden in res.prompt_hidden.items():
+        for sid, hidden in getattr(res, "prompt_hidden", {}).items():  # (none when speculating)
             rid = self.seqs.root.get(sid, (None,))[0]
             if rid is not None:
                 out.prompt_hidden[rid] = (fl.prompt_starts[sid], hidden)

@@ -296,13 +296,14 @@ class Runner:
                         pending.prompt_lp, pending.t0, pending.hidden, pending.pool_rows)
 
     def _run_model(self, rows, batch, prompt_k, shape, prev_tokens, pool: bool = False):
+        # ``pool`` is passed only when set: the warm-up compiles the calls without it
         bbufs, bspec = pack(batch)
         # The numpy buffers go straight into the jitted call (one copy per dtype, made by
         # jit's C++ path: cheaper than a jax.device_put first, and placed as compiled).
         t0, c0 = time.perf_counter(), time.thread_time()
         logits, plp, self.kv_caches = self._step(self.params, self.kv_caches, bbufs, prev_tokens,
                                                  spec=bspec, plan=self.plan, prompt_k=prompt_k,
-                                                 pool=pool)
+                                                 **({"pool": True} if pool else {}))
         self.dispatch_seconds += time.perf_counter() - t0
         self.dispatch_cpu_seconds += time.thread_time() - c0
         self.num_steps += 1
