@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field, fields
-from typing import Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 
 @dataclass(slots=True)
@@ -116,12 +116,17 @@ class RequestOutput:
     finished: bool
     metrics: Optional[RequestMetrics] = None
     num_cached_tokens: Optional[int] = 0
+    # SamplingParams.prompt_hidden_states: the prompt's final hidden states (numpy
+    # f32[tokens, H], or [1, H] for "last"), in the finished output
+    prompt_hidden_states: Optional[Any] = None
 
     def add(self, next_output: "RequestOutput", aggregate: bool = True) -> None:
         """Merge a later (delta) output of the same request into this one."""
         self.finished |= next_output.finished
         self.metrics = next_output.metrics or self.metrics
         self.num_cached_tokens = next_output.num_cached_tokens
+        if next_output.prompt_hidden_states is not None:
+            self.prompt_hidden_states = next_output.prompt_hidden_states
         for nxt in next_output.outputs:
             for i, cur in enumerate(self.outputs):
                 if cur.index == nxt.index:

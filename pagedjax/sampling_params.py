@@ -199,6 +199,10 @@ class SamplingParams:
     allowed_token_ids: Optional[list[int]] = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     structured_outputs: Optional[StructuredOutputsParams] = None
+    # Pooling (embeddings): the final hidden states of the prompt in the output's
+    # ``prompt_hidden_states``: "last" (the last prompt token's) or "all" (every
+    # prompt token's; the prompt then skips the prefix cache, as prompt_logprobs do).
+    prompt_hidden_states: Optional[str] = None
     # EOS ids from the model / generation config (see update_from_generation_config).
     _eos_token_ids: list[int] = field(default_factory=list, init=False, repr=False,
                                       compare=False)
@@ -285,6 +289,9 @@ class SamplingParams:
         hint = f" (the limit is pagedjax.sampling_params.MAX_LOGPROBS = {MAX_LOGPROBS})"
         need_int("logprobs", 0, MAX_LOGPROBS, optional=True, hint=hint)
         need_int("prompt_logprobs", 0, MAX_LOGPROBS, optional=True, hint=hint)
+        if self.prompt_hidden_states not in (None, "last", "all"):
+            raise ValueError("prompt_hidden_states must be None, 'last' or 'all', got "
+                             f"{self.prompt_hidden_states!r}.")
         for s in self.stop:
             if not isinstance(s, str):
                 raise ArgumentTypeError(f"stop must be a string or a list of strings, got "

@@ -32,7 +32,9 @@ from pagedjax.benchmarks.serve_metrics import (METRICS, RequestResult, parse_goo
 
 
 def add_cli_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--base-url", default=None, help="server root (default http://HOST:PORT)")
+    p.add_argument("--base-url", nargs="+", default=None,
+                   help="server root(s) (default http://HOST:PORT); several: the same "
+                        "workload against each in turn, compared in one report")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--endpoint", default="/v1/completions",
@@ -56,7 +58,8 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metric-percentiles", default="99")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
-    p.add_argument("--label", default=None, help="name of this server in the report")
+    p.add_argument("--label", nargs="+", default=None,
+                   help="name of each server in the report (default: its URL)")
     p.add_argument("--save-result", action="store_true")
     p.add_argument("--result-dir", default=".")
     p.add_argument("--result-filename", default=None)
@@ -194,11 +197,50 @@ def check_args(ns) -> None:
 
 
 def benchmark(ns) -> dict:
-    """Run the benchmark of ``ns`` (parsed options); the report as a dict."""
+    """Run the benchmark of ``ns`` (parsed options) against each server; the report
+    as a dict (with several servers: ``{"servers": [report, ...]}``)."""
     check_args(ns)
+    urls = ns.base_url or [f"http://{ns.host}:{ns.port}"]
+    labels = ns.label or urls
+    if len(labels) != len(urls):
+        raise ValueError(f"give one --label per --base-url ({len(urls)}), got {len(labels)}")
+    reports = []
+    for url, label in zip(urls, labels):
+        one = argparse.Namespace(**{**vars(ns), "base_url": url, "label": label})
+        reports.append(_benchmark_one(one))
+    if len(reports) == 1:
+        rep = reports[0]
+    else:
+        rep = {"servers": reports}
+        print(comparison(reports))
+    if ns.save_result:
+        name = ns.result_filename or f"bench-serve-{reports[0]['date']}.json"
+        path = os.path.join(ns.result_dir, name)
+        os.makedirs(ns.result_dir, exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(rep, f, indent=1)
+        print(f"wrote {path}")
+    return rep
+
+
+COMPARED = [("request_throughput", "req/s"), ("output_throughput", "out tok/s"),
+            ("median_ttft_ms", "median TTFT ms"), ("median_tpot_ms", "median TPOT ms"),
+            ("median_itl_ms", "median ITL ms"), ("median_e2el_ms", "median E2EL ms")]
+
+
+def comparison(reports: list[dict]) -> str:
+    """One line per server, the main figures side by side."""
+    head = f"{'server':<28}" + "".join(f"{h:>16}" for _, h in COMPARED)
+    lines = [head, "-" * len(head)]
+    for r in reports:
+        lines.append(f"{str(r['label'])[:27]:<28}" +
+                     "".join(f"{r[k]:>16.2f}" for k, _ in COMPARED))
+    return "\n".join(lines)
+
+
+def _benchmark_one(ns) -> dict:
     slos = parse_goodput(ns.goodput)
     percentiles = [float(p) for p in ns.metric_percentiles.split(",")]
-    ns.base_url = ns.base_url or f"http://{ns.host}:{ns.port}"
     model = ns.model or first_model(ns.base_url, ns.api_key)
     if ns.dataset_name == "random":
         reqs = random_requests(ns.num_prompts, ns.random_input_len, ns.random_output_len,
@@ -209,7 +251,7 @@ def benchmark(ns) -> dict:
     results, duration = asyncio.run(run(ns, model, reqs))
     rep = summarize(results, duration, percentiles, slos)
     rep.update(date=datetime.now().strftime("%Y%m%d-%H%M%S"), base_url=ns.base_url,
-               endpoint=ns.endpoint, model=model, label=ns.label or ns.base_url,
+               endpoint=ns.endpoint, model=model, label=ns.label,
                num_prompts=ns.num_prompts, dataset=ns.dataset_name,
                request_rate=ns.request_rate if ns.request_rate != float("inf") else "inf",
                burstiness=ns.burstiness, max_concurrency=ns.max_concurrency, goodput_slos=slos,
@@ -218,13 +260,6 @@ def benchmark(ns) -> dict:
                ttfts=[r.ttft for r in results], e2els=[r.e2el for r in results])
     metrics = [m for m in ns.percentile_metrics.split(",") if m]
     print(table(rep, metrics, percentiles, f"Serving Benchmark Result ({rep['label']})"))
-    if ns.save_result:
-        name = ns.result_filename or f"bench-serve-{model.replace('/', '_')}-{rep['date']}.json"
-        path = os.path.join(ns.result_dir, name)
-        os.makedirs(ns.result_dir, exist_ok=True)
-        with open(path, "w") as f:
-            json.dump(rep, f, indent=1)
-        print(f"wrote {path}")
     return rep
 
 

@@ -92,7 +92,7 @@ class EngineCore:
                        or any(len(w) > 1 for w in bad_words_ids))
         self.scheduler.add_request(req)
         s = RequestSampling(params, fallback_seed, bad_words_ids, p.prompt_logprobs, history,
-                      keep_topk, set(), grammar)
+                      keep_topk, set(), grammar, pool=p.prompt_hidden_states)
         self.seqs.add(req.request_id, s)
 
     def finish_sequences(self, seq_ids: Sequence[str], reason: str = "abort",
@@ -211,6 +211,7 @@ class EngineCore:
         prompt_lp: dict[str, int] = {}
         prompt_tokens: dict[str, list[int]] = {}
         prompt_starts: dict[str, int] = {}
+        pool_rows: set[str] = set()  # rows whose prompt hidden states are wanted
         lora_slots = [] if self.lora_slot is not None else None
         seqs = self.seqs
         get_request, root, sampling = self.scheduler.requests.get, seqs.root, seqs.sampling
@@ -239,6 +240,9 @@ class EngineCore:
             if s.prompt_logprobs is not None and row.start_pos < req.num_prompt_tokens:
                 prompt_lp[sid] = s.prompt_logprobs
                 prompt_tokens[sid] = req.prompt_token_ids
+                prompt_starts[sid] = row.start_pos
+            if s.pool is not None and row.start_pos < req.num_prompt_tokens:
+                pool_rows.add(sid)
                 prompt_starts[sid] = row.start_pos
             num_samples = row.num_samples
             if num_samples == 0:
@@ -271,7 +275,7 @@ class EngineCore:
                                           prev=prev.launched if prev else None,
                                           token_src=prev.token_src if prev else None,
                                           lora_slots=lora_slots, defer_sample=bool(deferred),
-                                          mm=mm)
+                                          mm=mm, pool_rows=pool_rows or None)
         self.num_steps += 1
         return _InFlight(sched, launched, token_src, targets_extra, prompt_starts,
                          first + extra if deferred else None, deferred or None)
@@ -334,6 +338,10 @@ class EngineCore:
             rid = self.seqs.root.get(sid, (None,))[0]
             if rid is not None:
                 out.prompt_logprobs[rid] = (fl.prompt_starts[sid],) + tuple(arrays)
+        for sid, hidden in getattr(res, "prompt_hidden", {}).items():  # (none when speculating)
+            rid = self.seqs.root.get(sid, (None,))[0]
+            if rid is not None:
+                out.prompt_hidden[rid] = (fl.prompt_starts[sid], hidden)
         changed = self.scheduler.update(fl.sched, sampled)
         # n > 1 children forked by this update join their request first: the parent
         # may finish on this very token (and be forgotten) while they go on.

@@ -37,6 +37,8 @@ class CoreOutput:
     updates: list[SeqUpdate] = dataclasses.field(default_factory=list)
     # request id -> (first position, token ids, logprob, rank, topk ids, topk logprobs)
     prompt_logprobs: dict[str, tuple] = dataclasses.field(default_factory=dict)
+    # request id -> (first position, f32[chunk tokens, H]) final hidden states of the prompt
+    prompt_hidden: dict[str, tuple] = dataclasses.field(default_factory=dict)
     first_scheduled: dict[str, float] = dataclasses.field(default_factory=dict)  # id -> time
     num_cached_tokens: dict[str, int] = dataclasses.field(default_factory=dict)
     # Sequences of one-sample requests without logprobs that got one token and go on

@@ -230,7 +230,11 @@ class LLMEngine:
             if params.bad_words else []
         # Prompt logprobs need every prompt position computed: a unique salt keeps
         # the prefix cache from skipping any of them.
-        salt = f"plp-{request_id}-{next(self._counter)}" if params.prompt_logprobs is not None else None
+        salt = f"plp-{request_id}-{next(self._counter)}" if (
+            params.prompt_logprobs is not None or params.prompt_hidden_states == "all") else None
+        if params.prompt_hidden_states is not None and self.speculator is not None:
+            raise ValueError("prompt_hidden_states (pooling) cannot be combined with "
+                             "speculative decoding; start the engine without it")
         user_salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
         if user_salt is not None:  # vLLM's cache_salt: only prompts with the same salt share
             if not isinstance(user_salt, str):

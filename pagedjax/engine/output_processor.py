@@ -61,6 +61,7 @@ class _ReqState:
     # The one sequence of a plain request (n=1, no logprobs, no stop strings,
     # detokenized), which process() updates on a short path; None otherwise.
     plain: _Seq | None = None
+    hidden: dict | None = None  # first position -> hidden chunk (prompt_hidden_states)
 
 
 class OutputProcessor:
@@ -146,6 +147,14 @@ class OutputProcessor:
             st = self._states.get(rid)
             if st is not None:
                 self._add_prompt_logprobs(st, chunk)
+        for rid, (start, hidden) in core.prompt_hidden.items():
+            st = self._states.get(rid)
+            if st is not None:
+                if st.hidden is None:
+                    st.hidden = {}
+                if st.params.prompt_hidden_states == "last":  # only the last row matters
+                    start, hidden = start + len(hidden) - 1, hidden[-1:]
+                st.hidden[start] = hidden
         touched: dict[str, _ReqState] = {}
         stops: list[tuple[str, str]] = []
         outputs: list[RequestOutput] = []
@@ -303,7 +312,8 @@ class OutputProcessor:
             s.logprobs.copy() if s.logprobs is not None else None,
             s.finish_reason, s.stop_reason) for i, s in st.seqs.items()]
         return RequestOutput(st.request_id, st.prompt, st.prompt_token_ids, st.prompt_logprobs,
-                             outs, st.finished, st.metrics.snapshot(), st.num_cached_tokens)
+                             outs, st.finished, st.metrics.snapshot(), st.num_cached_tokens,
+                             _prompt_hidden(st))
 
     @staticmethod
     def _make_delta(st: _ReqState) -> RequestOutput | None:
@@ -327,4 +337,18 @@ class OutputProcessor:
             return None
         return RequestOutput(st.request_id, st.prompt, st.prompt_token_ids,
                              st.prompt_logprobs if first else None, outs, st.finished,
-                             st.metrics.snapshot(), st.num_cached_tokens)
+                             st.metrics.snapshot(), st.num_cached_tokens,
+                             _prompt_hidden(st) if st.finished else None)
+
+
+def _prompt_hidden(st: _ReqState):
+    """The prompt's final hidden states, f32[tokens, H] ("all") or [1, H] ("last"),
+    once every chunk arrived; None otherwise."""
+    if st.hidden is None or not st.finished:
+        return None
+    import numpy as np
+
+    n = len(st.prompt_token_ids)
+    starts = sorted(k for k in st.hidden if k < n)
+    rows = np.concatenate([st.hidden[k] for k in starts], axis=0)[:n]
+    return rows[-1:] if st.params.prompt_hidden_states == "last" else rows

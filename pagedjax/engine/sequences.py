@@ -49,6 +49,7 @@ class RequestSampling:
     keep_topk: bool  # beam search reads each step's top-k
     seqs: set[str]  # the request's live sequence ids
     grammar: Any = None  # structured outputs: a structured_output.grammar.GrammarState
+    pool: str | None = None  # SamplingParams.prompt_hidden_states ("last" / "all")
     statics: dict = dataclasses.field(default_factory=dict)  # index -> its StaticRow (sample.metadata)
     # What the output processor was told: scheduled at all, prefix-cached tokens.
     reported_scheduled: bool = False

@@ -148,6 +148,23 @@ class LLM:
                 o.reasoning_content = reasoning
         return outs
 
+    # ------------------------------------------------------------------ embed
+    def embed(self, prompts, pooling: str = "last", normalize: bool = True,
+              dimensions: int | None = None, use_tqdm: bool = True, lora_request=None):
+        """Embeddings of one prompt or a list (text or token ids): the prompt's final
+        hidden states pooled ('last' token or 'mean'), cut to ``dimensions``
+        (Matryoshka) and L2-normalised. Returns one ``EmbeddingRequestOutput`` per
+        prompt (``.outputs.embedding``); see pagedjax/entrypoints/pooling.py."""
+        from pagedjax.entrypoints.pooling import (EmbeddingOutput, EmbeddingRequestOutput,
+                                                  check_pooling, pool, pooling_params)
+
+        check_pooling(pooling, dimensions, self.llm_engine.info.hidden_size)
+        outs = self.generate(prompts, pooling_params(pooling), use_tqdm=use_tqdm,
+                             lora_request=lora_request)
+        return [EmbeddingRequestOutput(o.request_id, o.prompt_token_ids, EmbeddingOutput(
+            pool(o.prompt_hidden_states, pooling, normalize, dimensions).tolist()))
+            for o in outs]
+
     # ------------------------------------------------------------------ score
     def score(self, text_1, text_2, instruction: str | None = None, use_tqdm: bool = True):
         """Cross-encoder scores of (text_1, text_2) pairs with this decoder as a yes/no

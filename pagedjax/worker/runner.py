@@ -51,6 +51,8 @@ class StepResult:
     topk_ids: np.ndarray  # i32[R, K]
     topk_logprobs: np.ndarray  # f32[R, K]
     prompt_logprobs: dict[str, tuple[np.ndarray, ...]]  # request_id -> arrays for its chunk
+    # request_id -> f32[chunk tokens, H]: final hidden states (SamplingParams.prompt_hidden_states)
+    prompt_hidden: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -64,6 +66,8 @@ class Launched:
     row_ids: list[str]
     prompt_lp: dict[str, int]
     t0: float
+    hidden: Any = None  # f32[T, H] on the device when pool_rows asked for it
+    pool_rows: Any = None  # request ids whose rows' hidden states to fetch
 
 
 @dataclasses.dataclass
@@ -83,6 +87,8 @@ class ModelLaunched:
     row_ids: list[str]
     prompt_lp: dict[str, int]
     t0: float
+    hidden: Any = None
+    pool_rows: Any = None
 
 
 class CompileCounter:
@@ -171,7 +177,7 @@ class Runner:
             rep, kv_sh = step_shardings(self.mesh, kv_caches)
             step_out, copy_out = (rep, rep, kv_sh), kv_sh
         self.logits_sharding = step_out[0] if step_out else None  # as the step returns them
-        self._step = jax.jit(self._step_impl, static_argnames=("spec", "plan", "prompt_k"),
+        self._step = jax.jit(self._step_impl, static_argnames=("spec", "plan", "prompt_k", "pool"),
                              donate_argnums=(1,), out_shardings=step_out)
         self._sample = jax.jit(self._sample_impl,
                                static_argnames=("spec", "num_logprobs", "backend"))
@@ -182,7 +188,7 @@ class Runner:
 
     # ------------------------------------------------------------------ device
     def _step_impl(self, params, kv_caches, bufs, prev_tokens, mm=None, *, spec: PackSpec,
-                   plan: ExecutionPlan, prompt_k):
+                   plan: ExecutionPlan, prompt_k, pool: bool = False):
         """The model part of a step: forward + logits of the rows to sample.
 
         bufs: the packed BatchInputs (see packing.py); prev_tokens i32[S_MAX]: the
@@ -201,6 +207,8 @@ class Runner:
         if prompt_k is not None:
             all_logits = self.model.compute_logits(params, hidden, plan)
             plp = sampler_mod.prompt_logprobs(all_logits, batch.prompt_next_ids, prompt_k)
+        if pool:  # pooling rows: every token's final hidden state comes back too
+            return logits, (plp, hidden.astype(jnp.float32)), kv_caches
         return logits, plp, kv_caches
 
     def _sample_impl(self, logits, bufs, *, spec: PackSpec, num_logprobs, backend: str):
@@ -269,7 +277,7 @@ class Runner:
                prompt_tokens: dict[str, list[int]] | None = None,
                prev: Launched | None = None, token_src: dict[str, int] | None = None,
                lora_slots=None, defer_sample: bool = False,
-               mm: tuple | None = None) -> Launched | ModelLaunched:
+               mm: tuple | None = None, pool_rows=None) -> Launched | ModelLaunched:
         """Dispatch one step without waiting for it. ``prompt_lp`` maps request ids
         wanting prompt logprobs to k; rows with a placeholder token read it from
         ``prev``'s sampled tokens at ``token_src[request_id]``. ``defer_sample``:
@@ -280,11 +288,16 @@ class Runner:
             rows, sample_rows, prompt_lp, prompt_tokens or {}, token_src, lora_slots)
         t0 = time.perf_counter()
         prev_tokens = prev.tokens if prev is not None else self._no_tokens
-        logits, plp = self._run_model(rows, batch, prompt_k, shape, prev_tokens, mm)
+        logits, plp = self._run_model(rows, batch, prompt_k, shape, prev_tokens, mm,
+                                      pool=bool(pool_rows))
+        hidden = None
+        if pool_rows:
+            plp, hidden = plp
         pending = ModelLaunched(logits, plp, st, sample_index, num_logprobs, shape, prompt_k,
                                 batch.meta.cu_q_lens,
-                                [r.request_id for r in rows] if prompt_lp else [],  # (fetch)
-                                prompt_lp, t0)
+                                [r.request_id for r in rows] if prompt_lp or pool_rows
+                                else [],  # (fetch)
+                                prompt_lp, t0, hidden, pool_rows)
         return pending if defer_sample else self.launch_sample(pending)
 
     def launch_sample(self, pending: ModelLaunched,
@@ -310,9 +323,10 @@ class Runner:
         self.dispatch_seconds += time.perf_counter() - t0
         self.dispatch_cpu_seconds += time.thread_time() - c0
         return Launched(out, pending.plp, tokens, pending.cu_q_lens, pending.row_ids,
-                        pending.prompt_lp, pending.t0)
+                        pending.prompt_lp, pending.t0, pending.hidden, pending.pool_rows)
 
-    def _run_model(self, rows, batch, prompt_k, shape, prev_tokens, mm=None):
+    def _run_model(self, rows, batch, prompt_k, shape, prev_tokens, mm=None, pool: bool = False):
+        # ``pool`` is passed only when set: the warm-up compiles the calls without it
         bbufs, bspec = pack(batch)
         if self.compile_pool is not None:
             self.compile_pool.need(("model", bspec, prompt_k))
@@ -326,7 +340,8 @@ class Runner:
         extra = () if mm is None else (mm,)  # text steps: the warmed-up program's signature
         logits, plp, self.kv_caches = self._step(self.params, self.kv_caches, bbufs, prev_tokens,
                                                  *extra, spec=bspec, plan=self.plan,
-                                                 prompt_k=prompt_k)
+                                                 prompt_k=prompt_k,
+                                                 **({"pool": True} if pool else {}))
         self.dispatch_seconds += time.perf_counter() - t0
         self.dispatch_cpu_seconds += time.thread_time() - c0
         self.num_steps += 1
@@ -349,7 +364,7 @@ class Runner:
 
     def fetch(self, launched: Launched) -> StepResult:
         """Wait for a launched step; its sampled tokens and logprobs as numpy."""
-        out, plp = jax.device_get((launched.sampled, launched.plp))
+        out, plp, hidden = jax.device_get((launched.sampled, launched.plp, launched.hidden))
         self.step_times.append(time.perf_counter() - launched.t0)
         prompt_out = {}
         if plp is not None:
@@ -358,8 +373,15 @@ class Runner:
                 if rid in launched.prompt_lp:
                     a, b = int(cu[i]), int(cu[i + 1])
                     prompt_out[rid] = tuple(np.asarray(x)[a:b] for x in plp)
+        pooled = {}
+        if hidden is not None:
+            cu = launched.cu_q_lens
+            for i, rid in enumerate(launched.row_ids):
+                if rid in launched.pool_rows:
+                    pooled[rid] = np.asarray(hidden)[int(cu[i]):int(cu[i + 1])]
         return StepResult(np.asarray(out.token_ids), np.asarray(out.logprob), np.asarray(out.rank),
-                          np.asarray(out.topk_ids), np.asarray(out.topk_logprobs), prompt_out)
+                          np.asarray(out.topk_ids), np.asarray(out.topk_logprobs), prompt_out,
+                          pooled)
 
     def execute(self, rows, sample_rows: Sequence[SampleRow], prompt_lp: dict[str, int] | None = None,
                 prompt_tokens: dict[str, list[int]] | None = None) -> StepResult:

@@ -61,3 +61,12 @@ def test_bench_serve_against_server(server, tmp_path):
         assert 0 < rep["p50_ttft_ms"] <= rep["p99_ttft_ms"]
         assert rep["mean_ttft_ms"] <= rep["mean_e2el_ms"] and rep["mean_itl_ms"] > 0
         assert all(x > 0 for x in rep["input_lens"]) and rep["max_concurrency"] == 3
+    # two servers in one run (here the same one twice): one report each, compared
+    rc = main(["bench", "serve", "--base-url", server.url, server.url + "/", "--label", "a",
+               "b", "--api-key", server.api_key, "--num-prompts", "3",
+               "--random-input-len", "8", "--random-output-len", "4", "--save-result",
+               "--result-dir", str(tmp_path), "--result-filename", out.name, "--disable-tqdm"])
+    assert rc == 0
+    both = json.loads(out.read_text())["servers"]
+    assert [r["label"] for r in both] == ["a", "b"]
+    assert all(r["completed"] == 3 and r["total_output_tokens"] == 12 for r in both)

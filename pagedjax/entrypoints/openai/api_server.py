@@ -4,7 +4,9 @@
     pagedjax serve [M] --port 8000
 
 Routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions (tools:
-docs/tool_calling.md), POST /tokenize, POST /detokenize,
+docs/tool_calling.md), POST /v1/responses (+ GET/DELETE /v1/responses/{id}),
+POST /v1/messages, POST /v1/embeddings, POST /score, POST /rerank (docs/more_apis.md),
+POST /tokenize, POST /detokenize,
 GET /health, GET /version, GET /metrics, GET /openapi.json and /docs, and the
 browser pages (docs/ui.md): a chat playground at / and the live engine at
 /dashboard (off with --disable-ui). Binds
@@ -158,6 +160,9 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reasoning-parser", default=None, choices=sorted(REASONING_PARSERS),
                    help="split a reasoning model's <think> block into reasoning_content "
                         "(qwen3, deepseek_r1); structured outputs then constrain the answer")
+    p.add_argument("--pooling-type", default="last", choices=["last", "mean"],
+                   help="/v1/embeddings: the last prompt token's hidden state (decoder "
+                        "embedders such as Qwen3-Embedding) or the mean over the prompt")
     p.add_argument("--disable-response-store", action="store_true",
                    help="keep no /v1/responses responses (no previous_response_id, GET, DELETE)")
     p.add_argument("--max-stored-responses", type=int, default=1000,
@@ -180,7 +185,7 @@ def _app_config(ns: argparse.Namespace, names: list[str], metrics) -> AppConfig:
                      allowed_origins=ns.allowed_origins, enable_test_hooks=ns.enable_test_hooks,
                      metrics=metrics,
                      tool_call_parser=ns.tool_call_parser if ns.enable_auto_tool_choice else None,
-                     reasoning_parser=ns.reasoning_parser,
+                     reasoning_parser=ns.reasoning_parser, pooling_type=ns.pooling_type,
                      response_store=ResponseStore(ns.max_stored_responses,
                                                   enabled=not ns.disable_response_store))
 

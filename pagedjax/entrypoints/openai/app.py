@@ -58,6 +58,7 @@ class AppConfig:
     live_stats: object = None  # engine.live_stats.LiveStats: the browser pages (None: no pages)
     reasoning_parser: Optional[str] = None  # <think> blocks -> reasoning_content
     response_store: object = None  # responses_store.ResponseStore (/v1/responses)
+    pooling_type: str = "last"  # /v1/embeddings: last-token or mean pooling
 
 
 def _body_schema(model_cls) -> dict:
@@ -187,7 +188,7 @@ def build_app(llm: AsyncLLM, config: AppConfig, state: Optional[ServerState] = N
     add_messages_routes(app, serving, handle, _body_schema)
     from pagedjax.entrypoints.openai.score_routes import add_score_routes
 
-    add_score_routes(app, serving, handle, _body_schema, _POST_ERRORS)
+    add_score_routes(app, serving, handle, _body_schema, _POST_ERRORS, config.pooling_type)
     if config.live_stats is not None:
         from pagedjax.entrypoints.openai.ui_routes import add_ui_routes
 
@@ -214,11 +215,12 @@ def _add_request_schemas(app: FastAPI) -> None:
         schemas = doc.setdefault("components", {}).setdefault("schemas", {})
         from pagedjax.entrypoints.openai.protocol_messages import MessagesRequest
         from pagedjax.entrypoints.openai.protocol_responses import ResponsesRequest
+        from pagedjax.entrypoints.openai.serving_embedding import EmbeddingRequest
         from pagedjax.entrypoints.openai.serving_score import RerankRequest, ScoreRequest
 
         for cls in (CompletionRequest, ChatCompletionRequest, TokenizeRequest,
                     DetokenizeRequest, ResponsesRequest, MessagesRequest, ScoreRequest,
-                    RerankRequest):
+                    RerankRequest, EmbeddingRequest):
             s = cls.model_json_schema(ref_template="#/components/schemas/{model}",
                                       mode="validation")
             schemas.update(s.pop("$defs", {}))

@@ -88,6 +88,7 @@ class ChatResponseMessage(_Out):
     role: Literal["assistant"]
     content: Optional[str] = None
     tool_calls: list[ToolCall] = []
+    reasoning_content: Optional[str] = None  # with --reasoning-parser
 
 
 class ChatChoice(_Out):

@@ -79,7 +79,8 @@ def test_openapi_conformance(server, mode):
     assert {"POST /v1/completions", "POST /v1/chat/completions", "GET /v1/models",
             "GET /health", "GET /metrics", "POST /v1/responses", "POST /v1/messages",
             "GET /v1/responses/{response_id}", "DELETE /v1/responses/{response_id}",
-            "POST /score", "POST /rerank", "POST /v1/score", "POST /v1/rerank"} <= set(ops)
+            "POST /score", "POST /rerank", "POST /v1/score", "POST /v1/rerank",
+            "POST /v1/embeddings"} <= set(ops)
     auth = {"Authorization": f"Bearer {server.api_key}"}
     seen: dict[str, int] = {}
     for label, op in sorted(ops.items()):

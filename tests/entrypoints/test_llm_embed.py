@@ -1,0 +1,95 @@
+"""LLM.embed on a tiny random Qwen3 equals transformers' pooled hidden states (last
+token and mean, normalised, Matryoshka dimensions), across prefill chunks, with
+prefix-cache hits, and in one batch with generation requests."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pagedjax import SamplingParams
+from pagedjax.entrypoints.pooling import pool, pooling_params
+from tests.utils.qwen3_tiny import build_random_qwen3
+
+TOL = 1e-4  # float32 on both sides, unit-norm vectors (absolute, per component)
+TEXTS = ["the river is by the garden", "music in the city at night " * 4, "water"]
+
+
+@pytest.fixture(scope="module")
+def qwen3_dir(tmp_path_factory):
+    return build_random_qwen3(str(tmp_path_factory.mktemp("qwen3_embed")), seed=1)
+
+
+@pytest.fixture(scope="module")
+def llm(qwen3_dir):
+    from pagedjax import LLM
+
+    # 32-token steps: the long text is prefilled in several chunks
+    return LLM(qwen3_dir, max_model_len=256, max_num_seqs=8, num_pages=64,
+               max_num_batched_tokens=32)
+
+
+def hf_embed(path: str, texts, pooling: str, dims=None) -> list[np.ndarray]:
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModel.from_pretrained(path, dtype=torch.float32)
+    out = []
+    with torch.no_grad():
+        for t in texts:
+            ids = tok(t, return_tensors="pt", add_special_tokens=False)
+            h = model(**ids).last_hidden_state[0]
+            v = h[-1] if pooling == "last" else h.mean(0)
+            v = v[:dims] if dims else v
+            out.append((v / v.norm()).numpy())
+    return out
+
+
+@pytest.mark.parametrize("pooling", ["last", "mean"])
+def test_embed_matches_transformers(llm, qwen3_dir, pooling):
+    got = llm.embed(TEXTS, pooling=pooling, use_tqdm=False)
+    ref = hf_embed(qwen3_dir, TEXTS, pooling)
+    assert len(got[1].prompt_token_ids) > 32  # prefilled in more than one chunk
+    for o, r in zip(got, ref):
+        v = np.asarray(o.outputs.embedding)
+        assert v.shape == r.shape and np.abs(v - r).max() < TOL
+        assert np.linalg.norm(v) == pytest.approx(1.0, abs=1e-5)
+    # Matryoshka: the first d components, normalised again
+    d16 = llm.embed(TEXTS[:1], pooling=pooling, dimensions=16, use_tqdm=False)
+    r16 = hf_embed(qwen3_dir, TEXTS[:1], pooling, dims=16)[0]
+    assert len(d16[0].outputs.embedding) == 16
+    assert np.abs(np.asarray(d16[0].outputs.embedding) - r16).max() < TOL
+
+
+def test_embed_prefix_cache_and_mixed_batch(llm, qwen3_dir):
+    solo = [np.asarray(o.outputs.embedding) for o in llm.embed(TEXTS, use_tqdm=False)]
+    again = llm.embed(TEXTS, use_tqdm=False)  # prompts now in the prefix cache
+    for a, b in zip(again, solo):
+        assert np.abs(np.asarray(a.outputs.embedding) - b).max() < TOL
+    gen = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    alone = llm.generate(["the old house"], gen, use_tqdm=False)[0].outputs[0].token_ids
+    # one engine, generation and pooling requests in the same steps
+    eng = llm.llm_engine
+    eng.add_request("g", "the old house", gen)
+    for i, t in enumerate(TEXTS):
+        eng.add_request(f"e{i}", t, pooling_params("mean"))
+    done = {}
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            if out.finished:
+                done[out.request_id] = out
+    assert done["g"].outputs[0].token_ids == alone
+    ref = hf_embed(qwen3_dir, TEXTS, "mean")
+    for i in range(len(TEXTS)):
+        v = pool(done[f"e{i}"].prompt_hidden_states, "mean")
+        assert np.abs(v - ref[i]).max() < TOL
+
+
+def test_embed_bad_arguments(llm):
+    with pytest.raises(ValueError, match="pooling"):
+        llm.embed("x", pooling="cls")
+    with pytest.raises(ValueError, match="dimensions"):
+        llm.embed("x", dimensions=10**6)
+    with pytest.raises(ValueError, match="prompt_hidden_states"):
+        SamplingParams(prompt_hidden_states="first")
