@@ -156,7 +156,7 @@ def test_step_floor_prices_a_profile():
 
 
 def test_sampler_benchmark_smoke(tiny_folder, tmp_path):
-    from benchmarks.kernels import sampler as bench
+    from benchmarks.kernel_bench import sampler as bench
 
     out = tmp_path / "sampler.json"
     rc = bench.main(["--model", tiny_folder, "--rows", "8", "--logits", "flat", "--step-rows", "8",

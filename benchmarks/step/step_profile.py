@@ -45,7 +45,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from pagedjax.benchmarks import machine  # noqa: E402
-from benchmarks.kernels.sampler import _median_ms  # noqa: E402
+from benchmarks.kernel_bench.sampler import _median_ms  # noqa: E402
 from pagedjax.benchmarks.throughput import write_json  # noqa: E402
 
 DEFAULT_JSON = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results",

@@ -6,7 +6,7 @@ following the rules of pagedjax/sample/sampler.py's jnp path (greedy argmax;
 temperature, min-p, top-k, then top-p on the renormalised top-k mass; an
 inverse-CDF draw with the row's uniform ``u``). It replaces XLA's argmax,
 ``lax.top_k`` and prefix sums, which cost tens to hundreds of ms per step at
-128 rows of a 49,152-token vocabulary (benchmarks/kernels/sampler.py). See
+128 rows of a 49,152-token vocabulary (benchmarks/kernel_bench/sampler.py). See
 cpu_sampler.cc for the method (a histogram of exp's float bits instead of a
 sort).
 

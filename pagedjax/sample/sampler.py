@@ -28,7 +28,7 @@ On the CPU platform, steps 4-5 (the draw) run as one C++ pass per row
 (kernels_pallas/cpu/sampler.cc, ``backend="auto"``): the same rules on the same
 uniforms, thresholds from a histogram of exp's float bits instead of
 ``lax.top_k``, 5-40x cheaper than the jnp path at 128 rows of a 49,152-token
-vocabulary (benchmarks/kernels/sampler.py). The jnp path stays for accelerators, for
+vocabulary (benchmarks/kernel_bench/sampler.py). The jnp path stays for accelerators, for
 machines without a C++ compiler and as the reference the tests compare with.
 Logprobs cost nothing unless asked (``num_logprobs=None``).
 

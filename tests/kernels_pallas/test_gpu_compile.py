@@ -4,7 +4,7 @@ JAX lowers each variant for ``cuda``; the ``triton`` wheel (test extra) compiles
 its Triton IR and ptxas reports registers, spills and shared memory
 (kernels_pallas/pallas/gpu_compile.py). A representative subset runs here
 (each variant costs a few seconds of compiler time); the full matrix is
-``benchmarks/kernels/gpu_compile_check.py --set full``. Each check is shown to
+``benchmarks/kernel_bench/gpu_compile_check.py --set full``. Each check is shown to
 fail on a deliberately oversized block.
 """
 

@@ -52,7 +52,7 @@ def test_decode_step_is_weight_bound_at_batch_one():
 
 
 def test_roofline_script_prints_measured_beside_expected(tmp_path):
-    """benchmarks/kernels/roofline.py --measured, on rows shaped like
+    """benchmarks/kernel_bench/roofline.py --measured, on rows shaped like
     benchmarks/attention_kernels.py's JSON from an H100."""
     import json
     import subprocess
@@ -69,7 +69,7 @@ def test_roofline_script_prints_measured_beside_expected(tmp_path):
              page_size=16, error="RuntimeError: x")])
     src, out = tmp_path / "m.json", tmp_path / "r.json"
     src.write_text(json.dumps(measured))
-    proc = subprocess.run([sys.executable, "benchmarks/kernels/roofline.py", "--measured",
+    proc = subprocess.run([sys.executable, "benchmarks/kernel_bench/roofline.py", "--measured",
                            str(src), "--json", str(out)], cwd=REPO_ROOT, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

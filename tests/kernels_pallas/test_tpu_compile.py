@@ -4,7 +4,7 @@ libtpu (test extra) compiles for compile-only devices of a described slice
 (kernels_pallas/pallas/tpu_compile.py). Every variant here is compiled under
 80% of the VMEM limit the kernel asks for (the headroom check); an oversized
 block proves the limit is enforced. The full matrix is
-``benchmarks/kernels/tpu_compile_check.py --kernels``.
+``benchmarks/kernel_bench/tpu_compile_check.py --kernels``.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ pagedjax/worker/aot.py builds the engine's runner over compile-only devices
 of a described slice with shape-only weights and KV pool; libtpu compiles the
 model (Mosaic attention kernel inside), the sampler and the page copies. The
 layer count is cut to 2 here (compile time); the full-depth models are
-``benchmarks/kernels/tpu_compile_check.py`` (BENCHMARKS.md).
+``benchmarks/kernel_bench/tpu_compile_check.py`` (BENCHMARKS.md).
 """
 
 from __future__ import annotations

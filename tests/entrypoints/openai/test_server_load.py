@@ -15,8 +15,7 @@ from tests.utils.paths import REPO, REPO_ROOT  # noqa: F401
 
 pytestmark = pytest.mark.slow
 
-sys.path.insert(0, os.path.join(REPO,
-                                "benchmarks"))
+sys.path.insert(0, os.path.join(REPO, "benchmarks", "serving"))  # soak.py, soak_hostile.py
 
 
 def test_soak_30s(server):

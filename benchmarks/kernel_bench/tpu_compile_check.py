@@ -1,7 +1,7 @@
 """Compile the engine's whole step for TPU v5e / v6e without a TPU (needs libtpu).
 
-    python benchmarks/kernels/tpu_compile_check.py --json out.json [--only 8b-v5e-2x2]
-    python benchmarks/kernels/tpu_compile_check.py --kernels --json out.json
+    python benchmarks/kernel_bench/tpu_compile_check.py --json out.json [--only 8b-v5e-2x2]
+    python benchmarks/kernel_bench/tpu_compile_check.py --kernels --json out.json
 
 ``--kernels``: instead, every Mosaic kernel variant
 (kernels_pallas/pallas/tpu_compile.py ``full_matrix``) on v5e and v6e, each

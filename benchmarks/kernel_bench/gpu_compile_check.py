@@ -1,6 +1,6 @@
 """Compile every Triton kernel variant for sm_90a and sm_80 (no GPU needed).
 
-    python benchmarks/kernels/gpu_compile_check.py --set full --jobs 2 --json out.json
+    python benchmarks/kernel_bench/gpu_compile_check.py --set full --jobs 2 --json out.json
 
 For each variant (kernels_pallas/pallas/gpu_variants.py) JAX lowers the
 kernel for ``cuda``, the ``triton`` package compiles its Triton IR and ptxas

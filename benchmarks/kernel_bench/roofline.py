@@ -1,6 +1,6 @@
 """Expected times from the roofline, printed beside measured ones when given.
 
-    python benchmarks/kernels/roofline.py [--measured attention_kernels.json] [--json out.json]
+    python benchmarks/kernel_bench/roofline.py [--measured attention_kernels.json] [--json out.json]
 
 1. Per attention variant (kernels_pallas/pallas/gpu_variants.py, representative
    set): bytes and FLOPs of one launch on a stated batch, and its time at

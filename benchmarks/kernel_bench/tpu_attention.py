@@ -1,9 +1,9 @@
 """Times the Mosaic ragged paged-attention kernel on a TPU (decode and mixed steps).
 
-    python benchmarks/kernels/tpu_attention.py --json out.json [--quick]
+    python benchmarks/kernel_bench/tpu_attention.py --json out.json [--quick]
 
 Rows have the fields of benchmarks/attention_kernels.py (kind, kv_dtype,
-batch, ctx, hq, hkv, d, page_size, ms), so benchmarks/kernels/roofline.py
+batch, ctx, hq, hkv, d, page_size, ms), so benchmarks/kernel_bench/roofline.py
 ``--measured`` prints them beside the roofline. Needs a TPU: elsewhere it
 says so and exits 2.
 """

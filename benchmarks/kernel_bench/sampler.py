@@ -1,7 +1,7 @@
 """What sampling costs per step, before (jnp) and after (C++ draw), next to a model step.
 
-    python benchmarks/kernels/sampler.py                      # 16/64/128/256 rows, default model
-    python benchmarks/kernels/sampler.py --rows 128 --no-model
+    python benchmarks/kernel_bench/sampler.py                      # 16/64/128/256 rows, default model
+    python benchmarks/kernel_bench/sampler.py --rows 128 --no-model
 
 For each row count and each sampling mode -- greedy, temperature 0.8,
 top-k 50, top-p 0.95 (temperature 0.8, the quick-start settings), min-p 0.05

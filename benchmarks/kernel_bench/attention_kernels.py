@@ -11,7 +11,7 @@ and writes JSON (``benchmarks/results/attention_kernels.json`` or ``--json``).
 Elsewhere (CPU): a correctness pass of both kernels in interpret mode against
 the reference on small shapes; no speed is measured.
 
-    python benchmarks/kernels/attention_kernels.py [--json PATH] [--quick]
+    python benchmarks/kernel_bench/attention_kernels.py [--json PATH] [--quick]
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # One-shot GPU check for the ragged paged-attention kernels, meant for ONE
-# device call:   bash benchmarks/kernels/gpu_check.sh
+# device call:   bash benchmarks/kernel_bench/gpu_check.sh
 # 1. tests/kernels_pallas/test_kernels.py with the Triton kernel native (PAGEDJAX_KERNEL_NATIVE=1;
 #    the TPU-kernel cases are deselected: they would only run its interpreter);
-# 2. benchmarks/kernels/attention_kernels.py (decode/mixed grid, HBM bandwidth vs peak, JAX's own
+# 2. benchmarks/kernel_bench/attention_kernels.py (decode/mixed grid, HBM bandwidth vs peak, JAX's own
 #    GPU paged attention on the same decode inputs);
-# 3. benchmarks/kernels/roofline.py: each measured row beside its roofline time on this GPU.
+# 3. benchmarks/kernel_bench/roofline.py: each measured row beside its roofline time on this GPU.
 # Everything lands in $OUT (default benchmarks/results). Exit status: tests' or bench's.
 set -u
 cd "$(dirname "$0")/../.."
@@ -18,10 +18,10 @@ PAGEDJAX_KERNEL_NATIVE=1 timeout 330 "$PY" -m pytest -q -p no:cacheprovider test
   -k "not tpu and not mosaic" --durations=10 --junitxml="$OUT/test_kernels.xml" \
   > "$OUT/test_kernels.log" 2>&1
 TEST_RC=$?
-timeout 240 "$PY" benchmarks/kernels/attention_kernels.py ${BENCH_ARGS:-} --json "$OUT/attention_kernels.json" \
+timeout 240 "$PY" benchmarks/kernel_bench/attention_kernels.py ${BENCH_ARGS:-} --json "$OUT/attention_kernels.json" \
   > "$OUT/bench.log" 2>&1
 BENCH_RC=$?
-timeout 60 "$PY" benchmarks/kernels/roofline.py --measured "$OUT/attention_kernels.json" \
+timeout 60 "$PY" benchmarks/kernel_bench/roofline.py --measured "$OUT/attention_kernels.json" \
   --json "$OUT/roofline.json" > "$OUT/roofline.log" 2>&1
 tail -n 25 "$OUT/test_kernels.log"
 tail -n 40 "$OUT/bench.log"
