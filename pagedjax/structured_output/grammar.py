@@ -188,9 +188,14 @@ class GrammarCompiler:
             if self._ll is None:
                 import llguidance.hf
 
-                self._ll = llguidance.hf.from_tokenizer(
-                    self.tokenizer, n_vocab=self.vocab_size,
-                    eos_token=self.eos_token_ids or None)
+                try:
+                    self._ll = llguidance.hf.from_tokenizer(
+                        self.tokenizer, n_vocab=self.vocab_size,
+                        eos_token=self.eos_token_ids or None)
+                except ValueError as e:  # e.g. a WordPiece decoder
+                    raise ValueError("structured_outputs are not available for this model: "
+                                     "the grammar library cannot read its tokenizer "
+                                     f"({short_error(str(e))})") from None
                 n_real = min(len(self.tokenizer), self.vocab_size)
                 bits = np.zeros(self.num_words * 32, np.uint8)
                 bits[:n_real] = 1
