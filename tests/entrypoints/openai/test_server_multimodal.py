@@ -159,3 +159,16 @@ def test_image_to_text_only_model_is_400(server):
         _ask(server.client(), [{"type": "text", "text": "what is this?"},
                                {"type": "image_url", "image_url": {"url": url}}])
     assert e.value.status_code == 400
+
+
+def test_structured_outputs_with_an_unreadable_tokenizer_is_400(vlm_server):
+    """The tiny model's WordPiece tokenizer is one the grammar library cannot read: the
+    server still starts, and a constrained request is a 400 that says why."""
+    import openai
+
+    srv, _, _ = vlm_server
+    with pytest.raises(openai.BadRequestError, match="not available for this model"):
+        srv.client().chat.completions.create(
+            model=srv.client().models.list().data[0].id, max_tokens=4,
+            messages=[{"role": "user", "content": "w5"}],
+            response_format={"type": "json_object"})
