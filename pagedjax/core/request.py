@@ -34,7 +34,7 @@ Speculative decoding (serial steps): `spec_token_ids` are proposed tokens the
 next `schedule()` feeds after the last token; the step verifies them and
 `Scheduler.update` keeps the accepted ones (see scheduler.py).
 
-Extra fields beyond the brief, used by the scheduler / page pool:
+Fields the scheduler and the page pool keep on a request:
     block_hashes          prefix-cache hashes of full token blocks (content
                           only, so they survive preemption and forks)
     num_registered_pages  how many leading pages were offered to the cache
