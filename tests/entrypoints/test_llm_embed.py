@@ -9,7 +9,7 @@ import pytest
 
 from pagedjax import SamplingParams
 from pagedjax.entrypoints.pooling import pool, pooling_params
-from tests.utils.qwen3_tiny import build_random_qwen3
+from tests.utils.qwen3_tiny import build_random_qwen3, hf_embed
 
 TOL = 1e-4  # float32 on both sides, unit-norm vectors (absolute, per component)
 TEXTS = ["the river is by the garden", "music in the city at night " * 4, "water"]
@@ -27,23 +27,6 @@ def llm(qwen3_dir):
     # 32-token steps: the long text is prefilled in several chunks
     return LLM(qwen3_dir, max_model_len=256, max_num_seqs=8, num_pages=64,
                max_num_batched_tokens=32)
-
-
-def hf_embed(path: str, texts, pooling: str, dims=None) -> list[np.ndarray]:
-    import torch
-    from transformers import AutoModel, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModel.from_pretrained(path, dtype=torch.float32)
-    out = []
-    with torch.no_grad():
-        for t in texts:
-            ids = tok(t, return_tensors="pt", add_special_tokens=False)
-            h = model(**ids).last_hidden_state[0]
-            v = h[-1] if pooling == "last" else h.mean(0)
-            v = v[:dims] if dims else v
-            out.append((v / v.norm()).numpy())
-    return out
 
 
 @pytest.mark.parametrize("pooling", ["last", "mean"])

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from pagedjax.entrypoints.scoring import YesNoScorer, pairs_of, rerank_prompt
-from tests.utils.qwen3_tiny import build_random_qwen3
+from pagedjax.entrypoints.scoring import YesNoScorer, pairs_of
+from tests.utils.qwen3_tiny import build_random_qwen3, hf_scores
 
 QUERY = "where is the river"
 DOCS = ["the river is by the garden", "music in the city", "water", "the old house"]
@@ -16,22 +16,6 @@ TOL = 2e-4  # float32 on both sides; scores are in [0, 1]
 @pytest.fixture(scope="module")
 def qwen3_dir(tmp_path_factory):
     return build_random_qwen3(str(tmp_path_factory.mktemp("qwen3_score")))
-
-
-def hf_scores(path: str, pairs) -> list[float]:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    yes, no = tok.convert_tokens_to_ids("yes"), tok.convert_tokens_to_ids("no")
-    out = []
-    with torch.no_grad():
-        for q, d in pairs:
-            ids = tok(rerank_prompt(q, d), return_tensors="pt", add_special_tokens=False)
-            logits = model(**ids).logits[0, -1]
-            out.append(torch.softmax(logits[[no, yes]], -1)[1].item())
-    return out
 
 
 def test_score_matches_transformers(qwen3_dir):
