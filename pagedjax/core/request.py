@@ -10,7 +10,7 @@ preemption are the same thing.
 `sampling_params` is duck-typed; these attributes are read once, at
 construction (missing ones take the default):
 
-    max_tokens      int | None   None = until max_model_len
+    max_tokens      int | None   None = until max_model_len; 0 = prefill only
     min_tokens      int  = 0     EOS / stop_token_ids are ignored until the
                                  request has MORE than min_tokens outputs
     stop_token_ids  list | None  finish 'stop', stop_reason = the token id
@@ -107,7 +107,7 @@ class Request:
                  "finish_reason", "stop_reason", "num_preemptions", "num_cached_tokens",
                  "parent_id", "sample_index", "block_hashes", "num_registered_pages",
                  "first_scheduled", "num_pending", "spec_token_ids", "waiting_seq",
-                 "max_num_tokens", "_finishers", "mm_items")
+                 "max_num_tokens", "_finishers", "mm_items", "prefill_only")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: Any,
                  eos_token_ids: tuple[int, ...] = (), arrival_time: float | None = None,
@@ -129,6 +129,9 @@ class Request:
             _param(sampling_params, "stop_token_ids", None) or ())
         self.ignore_eos: bool = bool(_param(sampling_params, "ignore_eos", False))
         self.n: int = _param(sampling_params, "n", 1)
+        # max_tokens=0: prefill only (pooling): no row samples, and the request finishes
+        # ('length') when its last prompt chunk's step lands.
+        self.prefill_only: bool = self.max_tokens == 0
         # Tokens (prompt + outputs) at which it finishes with 'length': max_tokens here;
         # the scheduler lowers it to its length cap when the request is added.
         self.max_num_tokens: int = (len(self.prompt_token_ids) + self.max_tokens

@@ -25,7 +25,9 @@ steps). A request whose placeholders already reach a length limit is not
 scheduled again; a preempted request with a placeholder waits for it.
 
 `update(output, sampled)` (below) then applies the step's
-tokens: prefix-cache registration, n > 1 forks, stop rules, freeing pages.
+tokens: prefix-cache registration, n > 1 forks, stop rules, freeing pages. A
+prefill-only request (``max_tokens=0``, pooling) never samples: its rows carry
+no placeholder and it finishes ('length') when its last prompt row lands.
 Finished requests leave the scheduler (`get_request` returns None afterwards);
 `update`, `abort_request` and `finish_request` hand them back to the engine.
 The rows, copies and the contract with the engine: ``scheduler_output.py``.
@@ -110,8 +112,9 @@ class Scheduler:
         if req.n < 1 or req.n > self.max_num_seqs:
             raise ValueError(f"request {rid!r}: n={req.n} must be between 1 and "
                              f"max_num_seqs={self.max_num_seqs}; lower n or raise max_num_seqs")
-        if req.max_tokens is not None and req.max_tokens < 1:
-            raise ValueError(f"request {rid!r}: max_tokens must be >= 1, got {req.max_tokens}")
+        if req.max_tokens is not None and req.max_tokens < (0 if req.n == 1 else 1):
+            raise ValueError(f"request {rid!r}: max_tokens must be >= 1 (0: prefill only, "
+                             f"with n=1), got {req.max_tokens}")
         req.max_model_len = min(req.max_model_len or self.max_model_len, self.max_model_len)
         req.max_num_tokens = min(req.max_num_tokens, req.max_model_len, self.max_seq_len)
         req.status = RequestStatus.WAITING
@@ -193,7 +196,7 @@ class Scheduler:
                 i += 1
                 continue
             spec = req.spec_token_ids
-            if with_pending - start == 1 and not spec and req.n == 1:
+            if with_pending - start == 1 and not spec and req.n == 1 and not req.prefill_only:
                 table = req.page_ids
                 j = start // ps
                 if j < len(table) and refs[table[j]] <= 1:
@@ -362,7 +365,7 @@ class Scheduler:
             req.spec_token_ids = []
         else:
             spec = ()
-        if start + num_new >= with_pending:
+        if start + num_new >= with_pending and not req.prefill_only:
             samples = req.n if req.n > 1 and self._samples_n(req) else 1
         if num_new == 1 and not spec:  # a decode row (a new or shared page, or n > 1)
             row = ScheduledRow(req.request_id, [req.token_at(start)], start, req.page_ids,
@@ -426,6 +429,12 @@ class Scheduler:
                 self._register(req)  # (only when a page may have filled up)
             num_samples = row.num_samples
             if num_samples == 0:
+                if req.prefill_only and req.status is RUNNING and \
+                        row.start_pos + len(row.token_ids) >= req.num_prompt_tokens:
+                    req.finish(RequestStatus.FINISHED_LENGTH)  # its prompt is computed
+                    self._release(req)
+                    changed.append(req)
+                    any_finished = True
                 continue
             tokens = sampled.get(row.request_id, ())
             if row.num_spec:

@@ -366,6 +366,11 @@ class EngineCore:
                 j = extra_of.get((req.parent_id, req.sample_index))
             root = root_of.get(sid)
             if j is None or root is None:
+                if root is not None and req.prefill_only and req.is_finished:
+                    # a pooling request, done after its prompt: no token, no sampler row
+                    out.updates.append(SeqUpdate(sid, root[0], root[1], [],
+                                                 finish_reason=req.finish_reason))
+                    self.seqs.forget(sid)
                 continue
             rid, idx = root
             s = sampling.get(rid)
