@@ -386,6 +386,11 @@ class LLMEngine:
         """Metrics of recently finished requests (bounded)."""
         return self.processor.finished_metrics
 
+    def logits_of(self, hidden):
+        """f32[n, H] final hidden states (pooling outputs' ``prompt_hidden_states``) ->
+        f32[n, vocab] logits by the model's own head (cross-encoder scoring)."""
+        return self.runner.logits_of(hidden)
+
     # ------------------------------------------------------------------ stats
     def pool_stats(self):
         return self.scheduler.stats()

@@ -183,6 +183,7 @@ class Runner:
                                static_argnames=("spec", "num_logprobs", "backend"))
         self._copy = jax.jit(self._copy_impl, donate_argnums=(0,), out_shardings=copy_out)
         self._encode = None  # the vision encoder's program (encode_images), made on first use
+        self._logits = None  # the logits head alone (logits_of), made on first use
         # The image rows a step reads, gathered to the step's token bucket (mm_inputs.py).
         self._gather_rows = jax.jit(lambda buf, rows: jnp.take(buf, rows, axis=0))
 
@@ -232,6 +233,17 @@ class Runner:
         if self._encode is None:
             self._encode = jax.jit(self.model.encode_images, static_argnames=("plan",))
         return self._encode(self.params, pixel_values, plan=self.plan)
+
+    def logits_of(self, hidden: np.ndarray) -> np.ndarray:
+        """f32[n, H] final hidden states (a pooling request's) -> f32[n, vocab] logits, by
+        the step's own logits head; rows padded to a power of two (one program each)."""
+        hidden = np.asarray(hidden, np.float32)
+        n = hidden.shape[0]
+        padded = np.zeros((pow2(n, 1), hidden.shape[1]), np.float32)
+        padded[:n] = hidden
+        if self._logits is None:
+            self._logits = jax.jit(self.model.compute_logits, static_argnames=("plan",))
+        return np.asarray(jax.device_get(self._logits(self.params, padded, plan=self.plan)))[:n]
 
     def copy_pages(self, copies: Sequence[tuple[int, int]]) -> None:
         if not copies:

@@ -1,5 +1,6 @@
 """LLM.score (a decoder as a yes/no cross-encoder reranker, as Qwen3-Reranker) equals
-transformers' softmax over the "no" / "yes" logits on a tiny random Qwen3."""
+transformers' softmax over the "no" / "yes" logits on a tiny random Qwen3; its
+requests are prefill only (no sampler row)."""
 
 from __future__ import annotations
 
@@ -18,11 +19,21 @@ def qwen3_dir(tmp_path_factory):
     return build_random_qwen3(str(tmp_path_factory.mktemp("qwen3_score")))
 
 
-def test_score_matches_transformers(qwen3_dir):
+def test_score_matches_transformers(qwen3_dir, monkeypatch):
     from pagedjax import LLM
 
     llm = LLM(qwen3_dir, max_model_len=512, max_num_seqs=8, num_pages=160)
+    runner = llm.llm_engine.core.runner
+    sampled: list[str] = []
+    launch = runner.launch
+
+    def recording_launch(rows, sample_rows, *args, **kw):
+        sampled.extend(r.request_id for r in sample_rows)
+        return launch(rows, sample_rows, *args, **kw)
+
+    monkeypatch.setattr(runner, "launch", recording_launch)
     outs = llm.score(QUERY, DOCS, use_tqdm=False)
+    assert sampled == []  # one prefill-only request per pair: no sampler row
     ref = hf_scores(qwen3_dir, pairs_of(QUERY, DOCS))
     got = [o.outputs.score for o in outs]
     assert got == pytest.approx(ref, abs=TOL)
