@@ -89,17 +89,23 @@ def test_throughput_smoke(tiny_folder, tmp_path):
     assert sh["n4"]["peak_pages_saved_by_sharing"] > 0
 
 
-def test_throughput_int8_smoke(tiny_folder, tmp_path):
-    """--quantization int8 reaches pagedjax's LLM: int8 weights (~1/4 of the float file)."""
+def test_throughput_int8_smoke(tiny_folder, tmp_path, capsys):
+    """--quantization int8 reaches pagedjax's LLM: int8 weights (~1/4 of the float file).
+    Without the transformers baselines' script, pagedjax runs alone and says how to
+    add them."""
     from pagedjax.benchmarks import throughput
 
     out = tmp_path / "tp_int8.json"
     rc = throughput.main(["--model", tiny_folder, "--num-requests", "3", "--input-mean", "8",
-                          "--output-mean", "4", "--max-num-seqs", "4", "--skip-hf",
+                          "--output-mean", "4", "--max-num-seqs", "4",
+                          "--hf-baselines", str(tmp_path / "missing.py"),
                           "--skip-sharing", "--quantization", "int8", "--json", str(out),
                           "--quiet"])
     assert rc == 0
+    err = capsys.readouterr().err
+    assert "from a checkout" in err and "--hf-baselines" in err and "pagedjax alone" in err
     rep = json.loads(out.read_text())
+    assert list(rep["systems"]) == ["pagedjax"]
     assert rep["args"]["quantization"] == "int8"
     pj = rep["systems"]["pagedjax"]
     assert "error" not in pj, pj
@@ -107,6 +113,17 @@ def test_throughput_int8_smoke(tiny_folder, tmp_path):
     assert pj["output_tokens"] == sum(rep["workload"]["output_lens"])
     float_bytes = sum(f.stat().st_size for f in Path(tiny_folder).glob("*.safetensors"))
     assert 0 < pj["weight_bytes"] < 0.3 * float_bytes
+
+
+def test_hf_baselines_script_is_found_in_a_checkout_only(tmp_path):
+    from pagedjax.benchmarks.throughput import HF_SCRIPT, find_hf_baselines
+    from tests.utils.paths import REPO
+
+    assert find_hf_baselines(str(tmp_path / "nope.py")) is None
+    assert find_hf_baselines(cwd=str(tmp_path)) in (os.path.join(REPO, HF_SCRIPT), None)
+    (tmp_path / "benchmarks" / "throughput").mkdir(parents=True)
+    (tmp_path / HF_SCRIPT).write_text("")
+    assert find_hf_baselines(cwd=str(tmp_path)) is not None
 
 
 def test_throughput_rounds_alternate_and_combine():
