@@ -319,3 +319,30 @@ def test_cold_start_smoke(tiny_folder, tmp_path):
     if cold["builds"]["cpu_sampler"]:  # built in the cold process, found in the warm one
         assert cold["builds"]["cpu_sampler"]["cached"] is False
         assert warm["builds"]["cpu_sampler"]["cached"] is True
+
+
+def test_peer_serve_commands_and_comparison(tmp_path):
+    """Both servers get the same GGUF and batch width; ratios are per round, pagedjax /
+    llama.cpp, with their median."""
+    from benchmarks.serving import peer_serve
+
+    fake = tmp_path / "llama-server"
+    fake.write_text("")
+    ns = peer_serve.parse_args(["--llama-server", str(fake), "--model", "m.gguf",
+                                "--parallel", "8", "--ctx", "128", "--threads", "2"])
+    cmds = peer_serve.commands(ns, 9000)
+    pj, ll = " ".join(cmds["pagedjax"]), cmds["llama.cpp"]
+    assert "--model m.gguf" in pj and "--max-num-seqs 8" in pj and "--max-model-len 128" in pj
+    assert ll[:3] == [str(fake), "-m", "m.gguf"] and ll[ll.index("-c") + 1] == "1024"
+    assert ll[ll.index("--parallel") + 1] == "8" and "-cb" in ll and ll[ll.index("-t") + 1] == "2"
+
+    def rep(x):
+        return {k: x for k, _, _ in peer_serve.FIGURES}
+    rounds = [{"order": ["pagedjax", "llama.cpp"], "pagedjax": rep(2.0), "llama.cpp": rep(1.0)},
+              {"order": ["llama.cpp", "pagedjax"], "pagedjax": rep(3.0), "llama.cpp": rep(1.0)},
+              {"order": ["pagedjax", "llama.cpp"], "pagedjax": rep(6.0), "llama.cpp": rep(3.0)}]
+    cmp = peer_serve.compare(rounds)
+    assert [r["output_throughput"] for r in cmp["ratio_per_round"]] == [2.0, 3.0, 2.0]
+    assert cmp["ratio_median"]["output_throughput"] == 2.0
+    assert cmp["median"]["pagedjax"]["request_throughput"] == 3.0
+    assert "pagedjax/llama median" in peer_serve.table(cmp, rounds)
