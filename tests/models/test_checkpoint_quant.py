@@ -205,3 +205,51 @@ def test_unsupported_variants_fail_at_load_naming_the_supported(hf_model, tmp_pa
         json.dump(cfg, f)
     with pytest.raises(ValueError, match=f"(?s){match}.*pagedjax reads fp8 .*awq .*gptq"):
         models.load_model(folder, dtype="float32")
+
+
+@pytest.mark.parametrize("name", ["gptq_asym_v1_actorder", "fp8_block"])
+def test_tensor_parallel_2_equals_1(hf_model, tmp_path_factory, smollm2_gguf, name):
+    """TP=2 on two forced CPU devices gives TP=1's greedy tokens and logprobs (the
+    groups of o_proj's and down's inputs split whole between the devices; act-order's
+    permutation gathers the activation columns across them)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.utils.paths import REPO_ROOT
+
+    folder = write(hf_model, tmp_path_factory, name)
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    flags = [f for f in env.get("XLA_FLAGS", "").split()
+             if not f.startswith("--xla_force_host_platform_device_count")]
+    env["XLA_FLAGS"] = " ".join(flags + ["--xla_force_host_platform_device_count=2"])
+    env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-m", "tests.distributed.tp_quant_child", folder,
+                           smollm2_gguf], capture_output=True, text=True, env=env,
+                          cwd=str(REPO_ROOT), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    one, two = out["1"], out["2"]
+    assert one["kinds"] == two["kinds"] and one["kinds"][0].startswith(("int4_g", "fp8_g"))
+    assert one["tokens"] == two["tokens"]
+    np.testing.assert_allclose(two["logprobs"], one["logprobs"], atol=1e-3)
+
+
+def test_tensor_parallel_needs_whole_groups(hf_model, tmp_path_factory):
+    """o_proj's 64 inputs in 2 groups of 32 cannot be split between 4 devices: the
+    error names the sizes; per-channel scales (one group) split anywhere."""
+    from pagedjax.distributed import sharding
+    from pagedjax.models import loader, weights
+
+    for name, ok in (("awq_g32", False), ("gptq_per_channel", True)):
+        folder = write(hf_model, tmp_path_factory, name)
+        m = models.build_model(models.resolve_model(folder), "float32")
+        m = m.with_quantization(weights.choose_quantization(m, loader.open_hf_folder(folder),
+                                                            None))
+        if ok:
+            sharding.check_quantized_groups(m, 4)
+            continue
+        with pytest.raises(ValueError, match="tensor_parallel_size=4: .*o_proj.* 2 groups "
+                                             "along its 64 inputs.*divides 2"):
+            sharding.check_quantized_groups(m, 4)
