@@ -50,6 +50,10 @@ class Checkpoint:
     # for keeping quantized: (kind, components in the row layout), see models/quant.py
     qtype: Callable[[str], str] | None = None
     get_raw: Callable[[str], tuple[str, dict]] | None = None
+    # A published quantized checkpoint (FP8, AWQ, GPTQ; models/checkpoint_quant.py):
+    # its method, and the kind a float weight name is stored in (None: float)
+    quant_method: str | None = None
+    quant_kind: Callable[[str], str | None] | None = None
 
 
 # ----------------------------------------------------------------------------- safetensors
@@ -149,7 +153,23 @@ def open_hf_folder(folder: str, config: dict | None = None) -> Checkpoint:
             )
         return table[key].get(key)
 
-    return Checkpoint(config=config, get=get, names=lambda: list(table), source=folder)
+    from pagedjax.models import checkpoint_quant
+
+    sch = checkpoint_quant.scheme(config)
+    if sch is None:
+        return Checkpoint(config=config, get=get, names=lambda: list(table), source=folder)
+
+    def has(name: str) -> bool:
+        return _prefixed_lookup(table, name) is not None
+
+    tensors = checkpoint_quant.QuantizedTensors(sch, get, has)
+
+    def get_float(name: str) -> np.ndarray:  # quantized Linears dequantized (kept float)
+        return tensors.dequantized(name) if tensors.kind(name) else get(name)
+
+    return Checkpoint(config=config, get=get_float, names=lambda: list(table), source=folder,
+                      get_raw=tensors.components, quant_method=sch.method,
+                      quant_kind=tensors.kind)
 
 
 # ----------------------------------------------------------------------------- GGUF

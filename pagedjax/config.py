@@ -61,10 +61,14 @@ class EngineArgs:
     quantization: str | None = _opt(None, "weights kept quantized on the device, dequantized "
                                           "in each step: int8 (per channel, any checkpoint) or "
                                           "gguf (a .gguf file's Q8_0/Q4_0/Q4_1/Q4_K/Q6_K "
-                                          "blocks); none: float weights; default: gguf for "
+                                          "blocks); fp8, awq, gptq, compressed-tensors: a "
+                                          "published checkpoint's own (docs/quantization.md); "
+                                          "none: float weights; default: the checkpoint's "
+                                          "quantization_config, gguf for "
                                           "a .gguf file on the CPU where the C++ block kernel "
                                           "is faster here, else float weights",
-                                    (None, "none", "int8", "gguf"))
+                                    (None, "none", "int8", "gguf", "fp8", "awq", "gptq",
+                                     "compressed-tensors"))
     tensor_parallel_size: int = _opt(1, "devices to shard the model over", short="-tp")
     enable_expert_parallel: bool = _opt(False, "mixture-of-experts models: shard the experts "
                                                "over the tensor-parallel devices (whole experts "

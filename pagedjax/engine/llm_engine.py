@@ -74,11 +74,11 @@ class LLMEngine:
 
             self.model, self.params, self.mesh = sharding.load_sharded(
                 args.model, args.dtype, args.tensor_parallel_size,
-                quantization=args.quantization, resolved=self.resolved,
+                quantization=self.quantization, resolved=self.resolved,
                 expert_parallel=args.enable_expert_parallel)
         else:
             self.model, self.params = models.load_model(resolved=self.resolved, dtype=args.dtype,
-                                                        quantization=args.quantization)
+                                                        quantization=self.quantization)
             self.mesh = None
         self.lora = None  # pagedjax.lora.manager.LoRAManager when enable_lora
         if args.enable_lora:

@@ -134,15 +134,21 @@ def resolve_config(args: EngineArgs, info, mesh) -> EngineConfig:
 def weight_quantization(args, resolved) -> str | None:
     """The weights' quantization (models.load_model's argument) for ``args``.
 
-    ``args.quantization`` when set ("none": float weights, GGUF blocks dequantized at
-    load). Unset: a GGUF file on the CPU (one device, the C++ backend) keeps its blocks
+    ``args.quantization`` when set ("none": float weights, GGUF blocks and published
+    quantized checkpoints dequantized at load). Unset: a published FP8 / AWQ / GPTQ
+    checkpoint keeps its quantization (its method); a GGUF file on the CPU (one device, the C++ backend) keeps its blocks
     ("gguf", multiplied by the C++ block kernel) where that kernel beats float32
     weights at every row count on this machine (measured once,
     worker.runner.quant_kernel_choice),
     else float weights. The engine logs which."""
     q = args.quantization
     if q is not None:
-        return None if q == "none" else q
+        return q
+    if resolved.gguf_file is None:  # a published FP8 / AWQ / GPTQ checkpoint keeps its own
+        from pagedjax.models import checkpoint_quant
+
+        sch = checkpoint_quant.scheme(resolved.hf_config or {})
+        return sch.method if sch else None
     if (resolved.gguf_file is None or args.tensor_parallel_size > 1
             or jax.default_backend() != "cpu"
             or args.attention_backend not in ("auto", "cpu_native")):

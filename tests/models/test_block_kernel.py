@@ -138,7 +138,7 @@ def test_default_for_gguf_follows_the_measured_choice(monkeypatch, tiny_gguf):
 
     assert quant_rows.decide("block", "unused.so", measure_fn=None) == {"rows": 0,
                                                                         "default": False}
-    assert weight_quantization(EngineArgs(model=tiny_gguf, quantization="none"), resolved) is None
+    assert weight_quantization(EngineArgs(model=tiny_gguf, quantization="none"), resolved) == "none"
     assert weight_quantization(EngineArgs(model=tiny_gguf, quantization="gguf"), resolved) == "gguf"
     assert weight_quantization(EngineArgs(model=tiny_gguf, tensor_parallel_size=2),
                                resolved) is None

@@ -107,7 +107,7 @@ def dequantized_reference(model, params) -> dict:
     out = {}
     done = set()
     for path, kind in model.quantized.items():
-        comps = {c: flat[path + (c,)] for c in Q.FORMATS[kind]}
+        comps = {c: flat[path + (c,)] for c in Q.formats(kind)}
         axis = 0 if path[-1] == "kernel" else -1
         out[path] = Q.dequantize(kind, comps, axis, jnp.float32)
         done.update(path + (c,) for c in comps)
