@@ -117,14 +117,16 @@ class CausalLM:
             params = self._unstacked_placeholder(params)
         return nnx.merge(self.graphdef, params).logits(hidden, plan)
 
-    def allocate_kv_caches(self, num_pages: int, page_size: int, kv_cache_dtype=None):
-        """One (pages [N, 2, Hkv, page_size, D], scales|None) pair per layer."""
+    def allocate_kv_caches(self, num_pages: int, page_size: int, kv_cache_dtype=None,
+                           num_arrays: int | None = None):
+        """One (pages [N, 2, Hkv, page_size, D], scales|None) pair per layer (or
+        ``num_arrays`` of them: hybrid KV groups, core/kv_groups.py)."""
         dtype = self.dtype if kv_cache_dtype in (None, "auto") else kv_cache_dtype
         if isinstance(dtype, str):
             dtype = kernels_pallas.KV_CACHE_DTYPES.get(dtype) or jnp.dtype(dtype)
         info = self.info
         return kernels_pallas.allocate_kv_pages(
-            info.num_layers, num_pages, page_size, info.num_kv_heads, info.head_dim, dtype)
+            num_arrays or info.num_layers, num_pages, page_size, info.num_kv_heads, info.head_dim, dtype)
 
     # -- weights ---------------------------------------------------------------------
 

@@ -54,6 +54,9 @@ class EngineArgs:
                                                     "max_num_seqs))")
     enable_prefix_caching: bool = _opt(True, "reuse the KV pages of identical prompt prefixes "
                                              "(automatic prefix caching, on as in vLLM V1)")
+    disable_hybrid_kv_cache_manager: bool = _opt(
+        False, "give every layer pages for the whole context, sliding-window layers too "
+               "(default: hybrid-attention models keep only each window's pages)")
     seed: int = _opt(0, "engine seed for unseeded random sampling")
     attention_backend: str = _opt("auto", "paged-attention kernel", BACKENDS)
     kv_cache_dtype: str = _opt("auto", "KV pool dtype (auto = the model's)",
@@ -164,7 +167,8 @@ class EngineArgs:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise ArgumentTypeError(f"{name} must be a number, got {short(v)}")
-        for name in ("enable_prefix_caching", "scan_layers", "async_scheduling", "enable_lora"):
+        for name in ("enable_prefix_caching", "scan_layers", "async_scheduling", "enable_lora",
+                     "disable_hybrid_kv_cache_manager"):
             if not isinstance(getattr(self, name), bool):
                 raise ArgumentTypeError(f"{name} must be True or False, got "
                                         f"{short(getattr(self, name))}")
@@ -206,6 +210,7 @@ class EngineConfig:
     num_pages: int
     attention_backend: str  # concrete, never "auto"
     kv_cache_dtype: Any  # a jnp dtype
+    kv_layout: Any = None  # core.kv_groups.KVLayout: the KV groups of the model's layers
 
 
 def default_cache_dir() -> str:

@@ -38,6 +38,7 @@ Fields the scheduler and the page pool keep on a request:
     block_hashes          prefix-cache hashes of full token blocks (content
                           only, so they survive preemption and forks)
     num_registered_pages  how many leading pages were offered to the cache
+    group_pages           the page tables of KV groups 1.. (hybrid models)
     first_scheduled       set on first admission (num_cached_tokens is
                           recorded then, not again after a preemption)
     max_num_tokens        prompt + outputs at which it finishes with 'length'
@@ -107,7 +108,7 @@ class Request:
                  "finish_reason", "stop_reason", "num_preemptions", "num_cached_tokens",
                  "parent_id", "sample_index", "block_hashes", "num_registered_pages",
                  "first_scheduled", "num_pending", "spec_token_ids", "waiting_seq",
-                 "max_num_tokens", "_finishers", "mm_items", "prefill_only")
+                 "max_num_tokens", "_finishers", "mm_items", "prefill_only", "group_pages")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: Any,
                  eos_token_ids: tuple[int, ...] = (), arrival_time: float | None = None,
@@ -144,6 +145,9 @@ class Request:
         self.num_computed_tokens = 0
         self.status = RequestStatus.WAITING
         self.page_ids: list[int] = []
+        # Page tables of KV groups 1.. of a hybrid model (core/group_pages.py); group 0's
+        # is page_ids.
+        self.group_pages: list[list[int]] = []
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.num_preemptions = 0

@@ -38,6 +38,8 @@ Extras: `stats()` (PoolStats), `kv_waste()`, `num_running`, `num_waiting`
 
 from __future__ import annotations
 
+from pagedjax.core.group_pages import GroupPages
+from pagedjax.core.kv_groups import KVLayout
 from pagedjax.core.mm_item import encoder_cut
 from pagedjax.core.page_pool import PagePool, PoolStats
 from pagedjax.core.request import Request, RequestStatus
@@ -57,7 +59,7 @@ class Scheduler:
                  max_num_batched_tokens: int, max_model_len: int,
                  enable_prefix_caching: bool = False, policy: str = "fcfs",
                  enable_chunked_prefill: bool = True, admit=None,
-                 encoder_budget: int | None = None) -> None:
+                 encoder_budget: int | None = None, kv_layout: KVLayout | None = None) -> None:
         for name, value in (("page_size", page_size), ("max_num_seqs", max_num_seqs),
                             ("max_num_batched_tokens", max_num_batched_tokens),
                             ("max_model_len", max_model_len)):
@@ -87,6 +89,13 @@ class Scheduler:
         self.encoder_budget = encoder_budget
         self._encoder_left = 0
         self.max_seq_len = min(max_model_len, self.pool.num_usable_pages * page_size)
+        # Hybrid KV layouts (several groups, or a sliding window): the group allocator
+        # does the page work (core/group_pages.py); None: one full-attention table.
+        self.groups = GroupPages(self.pool, kv_layout, max_num_batched_tokens) \
+            if kv_layout is not None and kv_layout.grouped else None
+        if self.groups is not None:
+            self.max_seq_len = kv_layout.max_tokens_for(
+                self.pool.num_usable_pages, page_size, max_num_batched_tokens, max_model_len)
         self.requests: dict[str, Request] = {}
         self.waiting = WaitingQueue(policy == "priority")
         self.running: list[Request] = []
@@ -104,6 +113,8 @@ class Scheduler:
                              f"max_model_len={self.max_model_len}; shorten the prompt or "
                              f"raise max_model_len")
         need, usable = cdiv(n, self.page_size), self.pool.num_usable_pages
+        if self.groups is not None:
+            need = self.groups.pages_per_seq(n)
         if need > usable:
             raise ValueError(f"request {rid!r}: the prompt needs {need} KV pages of "
                              f"{self.page_size} tokens but the pool has only {usable} usable "
@@ -152,7 +163,10 @@ class Scheduler:
         child = parent.fork(new_request_id, sample_index=parent.sample_index)
         self.requests[new_request_id] = child
         if parent.status == RequestStatus.RUNNING:
-            child.page_ids = self.pool.fork(parent.page_ids)
+            if self.groups is not None:
+                self.groups.fork(parent, child)
+            else:
+                child.page_ids = self.pool.fork(parent.page_ids)
             child.status = RequestStatus.RUNNING
             self.running.append(child)
         else:
@@ -161,9 +175,15 @@ class Scheduler:
         return child
 
     def _release(self, req: Request) -> None:
+        self._free_pages(req)
+        self.requests.pop(req.request_id, None)
+
+    def _free_pages(self, req: Request) -> None:
+        if self.groups is not None:
+            self.groups.free(req)
+            return
         self.pool.free(req.page_ids)
         req.page_ids = []
-        self.requests.pop(req.request_id, None)
 
     # ---- schedule ----------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -184,6 +204,7 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         running, max_rows, ps = self.running, self.max_num_seqs, self.page_size
         refs = self.pool.ref_counts
+        groups = self.groups
         i = 0
         while i < len(running) and budget > 0 and len(rows) < max_rows:
             req = running[i]
@@ -199,14 +220,15 @@ class Scheduler:
             if with_pending - start == 1 and not spec and req.n == 1 and not req.prefill_only:
                 table = req.page_ids
                 j = start // ps
-                if j < len(table) and refs[table[j]] <= 1:
+                if j < len(table) and refs[table[j]] <= 1 and (
+                        groups is None or groups.decode_ready(req, j)):
                     # The common decode row: its last token (a placeholder while one is
                     # in flight) into a page of its own, nothing from the pool (this loop
                     # runs per row per step: _reserve's first case, _make_row and
                     # Request.token_at are inlined here for it).
                     rows[req.request_id] = ScheduledRow(
                         req.request_id, [-1 if pending else outs[-1] if outs else prompt[-1]],
-                        start, table, 1)
+                        start, table, 1, 0, req.group_pages if groups is not None else None)
                     req.num_computed_tokens = start + 1
                     req.num_pending = pending + 1
                     budget -= 1
@@ -247,9 +269,13 @@ class Scheduler:
             seqs = req.n if self._samples_n(req) else 1
             if len(self.running) + self._unforked_children() + seqs > self.max_num_seqs:
                 break
-            hits = self.pool.peek_prefix(req.all_token_ids, req.cache_salt,
-                                         block_hashes=req.block_hashes) \
-                if self.enable_prefix_caching else []
+            if self.groups is not None:
+                h, hit_tables = self.groups.find_hit(req)
+                hits = [0] * h
+            else:
+                hits = self.pool.peek_prefix(req.all_token_ids, req.cache_salt,
+                                             block_hashes=req.block_hashes) \
+                    if self.enable_prefix_caching else []
             computed = len(hits) * ps
             num_new = req.num_tokens - computed
             if num_new > budget:
@@ -261,17 +287,23 @@ class Scheduler:
                 num_new = self._encoder_cut(req, computed, num_new)
                 if num_new <= 0 or (num_new < whole and not self.enable_chunked_prefill):
                     break
-            need = cdiv(computed + num_new, ps) - len(hits)
-            evictable_hits = sum(1 for p in hits if self.pool.ref_count(p) == 0)
-            if need + evictable_hits > self.pool.num_allocatable:
+            if self.groups is not None:
+                cost = self.groups.admit_cost(req, len(hits), hit_tables, computed + num_new)
+            else:
+                need = cdiv(computed + num_new, ps) - len(hits)
+                cost = need + sum(1 for p in hits if self.pool.ref_count(p) == 0)
+            if cost > self.pool.num_allocatable:
                 break
             if self.admit is not None and not self.admit(req, self.running):
                 break
             self.waiting.pop()
-            if self.enable_prefix_caching:
-                hits = self.pool.lookup(req.all_token_ids, req.cache_salt,
-                                        block_hashes=req.block_hashes)
-            req.page_ids = hits + self.pool.allocate(need)
+            if self.groups is not None:
+                self.groups.admit(req, len(hits), hit_tables, computed + num_new)
+            else:
+                if self.enable_prefix_caching:
+                    hits = self.pool.lookup(req.all_token_ids, req.cache_salt,
+                                            block_hashes=req.block_hashes)
+                req.page_ids = hits + self.pool.allocate(need)
             req.num_computed_tokens = computed
             req.num_registered_pages = len(hits)
             if not req.first_scheduled:
@@ -298,6 +330,8 @@ class Scheduler:
 
     def _reserve(self, req: Request, num_new: int) -> list[tuple[int, int]] | None:
         """Pages (and CoW copies) so req can write num_new tokens; None if short."""
+        if self.groups is not None:
+            return self.groups.reserve(req, num_new)
         ps, pool, table = self.page_size, self.pool, req.page_ids
         start = req.num_computed_tokens
         if num_new == 1:  # a decode row: at most one page written, at most one new
@@ -338,8 +372,7 @@ class Scheduler:
         if row is not None and row.num_samples:
             req.num_pending -= 1  # the row's placeholder goes with it
         copies.pop(req.request_id, None)
-        self.pool.free(req.page_ids)
-        req.page_ids = []
+        self._free_pages(req)
         req.num_computed_tokens = 0
         req.num_registered_pages = 0
         req.spec_token_ids = []
@@ -367,13 +400,14 @@ class Scheduler:
             spec = ()
         if start + num_new >= with_pending and not req.prefill_only:
             samples = req.n if req.n > 1 and self._samples_n(req) else 1
+        group_pages = req.group_pages if self.groups is not None else None
         if num_new == 1 and not spec:  # a decode row (a new or shared page, or n > 1)
             row = ScheduledRow(req.request_id, [req.token_at(start)], start, req.page_ids,
-                               samples)
+                               samples, 0, group_pages)
         else:
             tokens = req.get_token_ids(start, start + num_new - len(spec)) + list(spec)
             row = ScheduledRow(req.request_id, tokens, start, req.page_ids, samples,
-                               len(spec))
+                               len(spec), group_pages)
         req.num_computed_tokens = start + num_new
         if samples:
             req.num_pending += 1
@@ -396,6 +430,17 @@ class Scheduler:
 
     def stats(self) -> PoolStats:
         return self.pool.stats()
+
+    def kv_capacity(self) -> dict:
+        """What the pool holds, as vLLM reports it: pages one request of max_model_len
+        tokens needs (every KV group), the maximum concurrency at that length, and the
+        tokens of those requests together."""
+        usable, length = self.pool.num_usable_pages, self.max_model_len
+        per = self.groups.pages_per_seq(length) if self.groups is not None \
+            else cdiv(length, self.page_size)
+        concurrency = usable / per
+        tokens = usable * self.page_size if self.groups is None else int(concurrency * length)
+        return {"pages_per_request": per, "max_concurrency": concurrency, "tokens": tokens}
 
     def kv_waste(self) -> float:
         """Allocated-but-unfilled slots / allocated slots over running requests.
@@ -491,12 +536,17 @@ class Scheduler:
                 break
         else:
             keep = cdiv(req.num_computed_tokens, self.page_size)
-            if len(req.page_ids) > keep:
+            if self.groups is not None:
+                self.groups.truncate(req, keep)
+            elif len(req.page_ids) > keep:
                 self.pool.free(req.page_ids[keep:])
                 req.page_ids = req.page_ids[:keep]  # a new list (scheduler_output.py)
         changed.append(req)
 
     def _register(self, req: Request) -> None:
+        if self.groups is not None:
+            self.groups.register(req)
+            return
         known = min(req.num_computed_tokens, req.num_tokens)  # placeholders have no content yet
         full = min(known // self.page_size, len(req.page_ids))
         if full > req.num_registered_pages:
@@ -519,7 +569,11 @@ class Scheduler:
             self.requests[child_id] = child
             if parent.status == RequestStatus.RUNNING:
                 child.num_computed_tokens = computed
-                child.page_ids = self.pool.fork(parent.page_ids[:cdiv(computed, self.page_size)])
+                if self.groups is not None:
+                    self.groups.fork(parent, child, cdiv(computed, self.page_size))
+                else:
+                    child.page_ids = self.pool.fork(
+                        parent.page_ids[:cdiv(computed, self.page_size)])
                 child.num_registered_pages = min(child.num_registered_pages, len(child.page_ids))
                 child.status = RequestStatus.RUNNING
                 self.running.append(child)

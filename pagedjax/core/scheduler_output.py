@@ -7,6 +7,9 @@ Contract with the engine
   else (copy-on-write, a rolled-back speculation, preemption, a fork) gives the
   request a new list, so a reader that kept a list and its length knows it is
   unchanged when both match (``page_table.PageTables`` relies on this).
+* group_page_ids (hybrid KV layouts, core/kv_groups.py) holds the request's
+  page lists of KV groups 1..; each keeps the same contract as page_ids.
+  Entries a sliding-window group gave back are 0 (the null page).
 * page_copies (src, dst) have distinct dst pages, and no src is the dst of
   an EARLIER copy, so applying them in order and applying them all at once
   (`kv.at[:, dst].set(kv[:, src])`, gather before scatter) agree.  A src may
@@ -40,6 +43,7 @@ class ScheduledRow:
     page_ids: list[int]   # the request's page list (valid until the next schedule())
     num_samples: int = 1  # 0: mid-prompt chunk; n: fork a parallel-sampling request
     num_spec: int = 0     # proposed tokens at the end of token_ids (speculative decoding)
+    group_page_ids: list | None = None  # KV groups 1.. of a hybrid model: their page lists
 
     @property
     def num_new_tokens(self) -> int:

@@ -228,8 +228,10 @@ def kv_shardings(mesh: Mesh):
             NamedSharding(mesh, P(None, None, AXIS, None)))
 
 
-def allocate_sharded_kv(model, mesh: Mesh, num_pages: int, page_size: int, kv_cache_dtype=None):
-    """One (pages, scales|None) pair per layer, created directly in its shards."""
+def allocate_sharded_kv(model, mesh: Mesh, num_pages: int, page_size: int, kv_cache_dtype=None,
+                        num_arrays: int | None = None):
+    """One (pages, scales|None) pair per layer (or ``num_arrays``: hybrid KV groups),
+    created directly in its shards."""
     import pagedjax.kernels_pallas as kernels_pallas
 
     info = model.info
@@ -242,7 +244,8 @@ def allocate_sharded_kv(model, mesh: Mesh, num_pages: int, page_size: int, kv_ca
     zeros = jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=pages_sh)
     ones = jax.jit(lambda: jnp.ones(shape[:4], jnp.float32), out_shardings=scales_sh)
     quant = kernels_pallas.is_quantized(dtype)
-    return tuple((zeros(), ones() if quant else None) for _ in range(info.num_layers))
+    return tuple((zeros(), ones() if quant else None)
+                 for _ in range(num_arrays or info.num_layers))
 
 
 def bytes_per_device(tree) -> dict[int, int]:

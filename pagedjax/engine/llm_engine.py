@@ -95,15 +95,18 @@ class LLMEngine:
         self.tokenizer = tok_mod.load_tokenizer(tok_src, **tok_kwargs)
         self.config = cfg = resolve_config(args, info, self.mesh)
         pool_dtype = None if args.kv_cache_dtype == "auto" else cfg.kv_cache_dtype
+        layout = cfg.kv_layout
+        arrays = layout.num_slots if layout.multi else None  # hybrid KV groups share arrays
         if self.mesh is not None:
             from pagedjax.distributed import sharding
 
             kv = sharding.allocate_sharded_kv(self.model, self.mesh, cfg.num_pages,
-                                              args.page_size, pool_dtype)
+                                              args.page_size, pool_dtype, num_arrays=arrays)
         else:
-            kv = self.model.allocate_kv_caches(cfg.num_pages, args.page_size, pool_dtype)
+            kv = self.model.allocate_kv_caches(cfg.num_pages, args.page_size, pool_dtype,
+                                               num_arrays=arrays)
         if (args.scan_layers and self.mesh is None and hasattr(self.model, "can_scan")
-                and self.model.can_scan()):
+                and self.model.can_scan() and not layout.multi):
             self.params = self.model.stack_params(self.params)
             kv = self.model.stack_kv_caches(kv)
         mnbt = cfg.max_num_batched_tokens
@@ -113,12 +116,13 @@ class LLMEngine:
                                    policy=args.scheduling_policy,
                                    admit=self.lora.admit if self.lora is not None else None,
                                    encoder_budget=mnbt if getattr(self.model, "is_multimodal", False)
-                                   else None)
+                                   else None, kv_layout=layout)
         self.runner = Runner(self.model, self.params, kv, page_size=args.page_size,
                              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=mnbt,
                              max_model_len=cfg.max_model_len,
                              plan=make_plan(cfg.attention_backend, self.mesh,
-                                            args.enable_expert_parallel))
+                                            args.enable_expert_parallel,
+                                            layout.layer_map() if layout.multi else None))
         # Multi-host: process 0 publishes its requests to the followers before each step.
         self._leader = multihost.make_leader()
         self.eos_token_ids = tuple(info.eos_token_ids) or (
@@ -144,6 +148,10 @@ class LLMEngine:
             "load: %.1f s (%s, %d layers, weights %.1f MiB on device, quantization=%s, "
             "KV pool %d pages)", time.perf_counter() - started, info.architecture,
             info.num_layers, self.weight_bytes / 2**20, self.quantization, cfg.num_pages)
+        self.kv_capacity = self.scheduler.kv_capacity()
+        logger.info("%s; KV cache size: %d tokens; maximum concurrency for %d tokens per "
+                    "request: %.2fx", layout.describe(), self.kv_capacity["tokens"],
+                    cfg.max_model_len, self.kv_capacity["max_concurrency"])
         compile_programs(self.runner, args, started)
         freeze_startup_heap()
 

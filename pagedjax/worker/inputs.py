@@ -126,7 +126,8 @@ def prepare(buckets: Buckets, rows, sample_rows: Sequence[SampleRow], prompt_lp:
         columns: StaticColumns | None = None):
     """Host-side padding. Returns (BatchInputs numpy pytree, SamplingTensors, statics).
     ``lora_slots``: each row's LoRA slot (-1: none), None when LoRA is off.
-    ``tables``: the caller's page-table rows kept between steps (page_table.py);
+    ``tables``: the caller's page-table rows kept between steps (page_table.py), or
+    one per KV group (hybrid layouts: page_table i32[G, S, P], slot_mapping i32[G, T]);
     ``columns``: its sampling rows' static columns (sampling_tensors.StaticColumns)."""
     ps = buckets.page_size
     n_rows = len(rows)
@@ -169,8 +170,13 @@ def prepare(buckets: Buckets, rows, sample_rows: Sequence[SampleRow], prompt_lp:
     slots = np.zeros(t, np.int32)
     kv_lens = np.zeros(s, np.int32)
     kv_lens[:n_rows] = starts + lens
-    page_table = tables.gather(rows, p, s)
-    slots[:num_tokens] = page_table[row_of, pos // ps] * ps + pos % ps
+    if isinstance(tables, PageTables):
+        page_table = tables.gather(rows, p, s)
+        slots[:num_tokens] = page_table[row_of, pos // ps] * ps + pos % ps
+    else:  # hybrid KV groups
+        page_table = np.stack([tb.gather(rows, p, s, g) for g, tb in enumerate(tables)])
+        slots = np.zeros((len(tables), t), np.int32)
+        slots[:, :num_tokens] = page_table[:, row_of, pos // ps] * ps + pos % ps
     cu = np.zeros(s + 1, np.int32)
     cu[1:n_rows + 1] = ends
     cu[n_rows + 1:] = num_tokens

@@ -43,16 +43,19 @@ class PageTables:
         known = self._known[rid] = [slot, None, 0]
         return known
 
-    def slots(self, rows: Sequence) -> np.ndarray:
+    def slots(self, rows: Sequence, group: int = 0) -> np.ndarray:
         """Update the slots of ``rows`` (objects with ``request_id`` and ``page_ids``)
-        and return their slot indices."""
+        and return their slot indices. ``group`` > 0: the rows' page lists of that KV
+        group (``group_page_ids[group - 1]``; a row without them, a warm-up row,
+        gives its ``page_ids``)."""
         if len(rows) > self.capacity:
             raise ValueError(f"{len(rows)} rows exceed the page-table capacity {self.capacity}")
         out: list[int] = []  # (a list, then one array: a numpy store per row costs more)
         keep: set[str] | None = None
         get = self._known.get
         for r in rows:
-            pages = r.page_ids
+            pages = r.page_ids if not group or r.group_page_ids is None \
+                else r.group_page_ids[group - 1]
             known = get(r.request_id)
             if known is not None and known[1] is pages and known[2] == len(pages):
                 out.append(known[0])  # the common row: unchanged since the last step
@@ -74,9 +77,10 @@ class PageTables:
             out.append(slot)
         return np.array(out, np.int64)
 
-    def gather(self, rows: Sequence, p: int, s: int) -> np.ndarray:
+    def gather(self, rows: Sequence, p: int, s: int, group: int = 0) -> np.ndarray:
         """The step's page table int32[s, p] (rows past ``len(rows)`` are 0)."""
         table = np.zeros((s, p), np.int32)
         if rows:
-            np.take(self.table[:, :p], self.slots(rows), axis=0, out=table[:len(rows)])
+            np.take(self.table[:, :p], self.slots(rows, group), axis=0,
+                    out=table[:len(rows)])
         return table
