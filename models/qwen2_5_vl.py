@@ -101,6 +101,20 @@ class Qwen2_5_VLForConditionalGeneration(Qwen2ForCausalLM):
         """One image's encoder data -> the tower's inputs at its patch bucket (numpy)."""
         return self.visual.encoder_inputs(data["pixel_values"], data["grid_thw"])
 
+    def encoder_warmup_data(self, max_patches: int | None) -> list[dict]:
+        """Encoder data of one image per patch bucket an image of at most ``max_patches``
+        patches can use (zeros; for compiling the encoder ahead of time)."""
+        from pagedjax.models.qwen2_5_vl_vision import MIN_PATCH_BUCKET, patch_bucket
+
+        v = self.visual
+        k = v.channels * v.temporal_patch_size * v.patch_size**2
+        out, b = [], MIN_PATCH_BUCKET
+        while b <= patch_bucket(max_patches or MIN_PATCH_BUCKET):
+            out.append({"pixel_values": np.zeros((b, k), np.float32),
+                        "grid_thw": (1, v.merge, b // v.merge)})
+            b *= 2
+        return out
+
     def mrope_positions(self, num_tokens: int, items: Sequence) -> tuple[np.ndarray, int] | None:
         """A prompt's M-RoPE positions (i32[3, num_tokens], delta) from its images
         (MMItems by offset, ``data["grid_thw"]``); None without images."""
