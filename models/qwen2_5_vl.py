@@ -82,6 +82,10 @@ class Qwen2_5_VLForConditionalGeneration(Qwen2ForCausalLM):
             raise c.unsupported("vision_config.out_hidden_size", self.visual.out_hidden_size,
                                 f"must equal the text hidden_size {self.hidden_size}")
         self.image_token_id = int(c.get("image_token_id", 151655))
+        # What a chat message's image part becomes: <|vision_start|><|image_pad|><|vision_end|>.
+        self.image_placeholder_ids = (int(c.get("vision_start_token_id", 151652)),
+                                      self.image_token_id,
+                                      int(c.get("vision_end_token_id", 151653)))
         self.merge_unit = self.visual.merge**2
 
     # -- host side: images and positions -------------------------------------------------

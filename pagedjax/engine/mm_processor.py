@@ -75,6 +75,9 @@ class MultiModalProcessor:
         self.image_token_id = int(image_token_id)
         # Fixed-size images (LLaVA): tokens per image; None when each image has its own.
         self.tokens_per_image = None if tokens_per_image is None else int(tokens_per_image)
+        # The tokens an image part of a chat message becomes (the image token, or with
+        # the model's vision start / end tokens around it).
+        self.placeholder_ids: tuple[int, ...] = (self.image_token_id,)
         # The module's split of the processor output into (encoder data, tokens) per
         # image (models with images of their own size); None: pixel_values[k] each.
         self.image_items = image_items
@@ -94,9 +97,15 @@ class MultiModalProcessor:
         except OSError as e:
             raise ValueError(f"{folder}: the vision-language model has no image processor "
                              f"(preprocessor_config.json): {e}") from None
-        return cls(proc, module.image_token_id, getattr(module, "mm_tokens_per_image", None),
-                   parse_limits(limits), max_image_pixels or DEFAULT_MAX_IMAGE_PIXELS,
-                   getattr(module, "image_items", None))
+        out = cls(proc, module.image_token_id, getattr(module, "mm_tokens_per_image", None),
+                  parse_limits(limits), max_image_pixels or DEFAULT_MAX_IMAGE_PIXELS,
+                  getattr(module, "image_items", None))
+        out.placeholder_ids = tuple(getattr(module, "image_placeholder_ids", out.placeholder_ids))
+        return out
+
+    def placeholder_text(self, tokenizer) -> str:
+        """The text standing for one image in a chat message (its placeholder tokens)."""
+        return "".join(tokenizer.convert_ids_to_tokens(list(self.placeholder_ids)))
 
     def max_image_patches(self) -> int | None:
         """Most patches the image processor makes of one image (its largest pixel count

@@ -41,8 +41,9 @@ def _short_ids(n_images: int, text=(5, 6)) -> list[int]:
     return ids
 
 
-def _reference(hf_model, images, text=(5, 6), k: int = 6):
-    """(expanded prompt ids, greedy tokens, log-softmax of the first generated token)."""
+def _reference(hf_model, images, text=(5, 6), k: int = 6, ids=None):
+    """(expanded prompt ids, greedy tokens, log-softmax of the first generated token);
+    ``ids``: the prompt with one placeholder per image (default: ``_short_ids``)."""
     if not images:
         ids = [1, *text]
         with torch.no_grad():
@@ -51,7 +52,11 @@ def _reference(hf_model, images, text=(5, 6), k: int = 6):
             logits = hf_model(input_ids=torch.tensor([ids])).logits[0, -1].numpy()
         return ids, out[0, len(ids):].tolist(), logits
     inputs = Q.hf_inputs(images)
-    ids = Q.prompt_ids(inputs["image_grid_thw"], text)
+    if ids is None:
+        ids = Q.prompt_ids(inputs["image_grid_thw"], text)
+    else:
+        counts = iter(Q.tokens_of(g) for g in inputs["image_grid_thw"])
+        ids = [x for t in ids for x in ([t] * next(counts) if t == Q.IMAGE_TOKEN else [t])]
     tokens = Q.hf_greedy(hf_model, ids, inputs, k)
     return ids, tokens, Q.hf_logits(hf_model, ids, inputs)[-1]
 
@@ -96,3 +101,16 @@ def test_prefix_cache_same_image_hits_other_image_misses(folder, llm):
         _check(out, ref, what)
     assert hit.num_cached_tokens >= len(ref_a[0]) - 4  # every whole page of the prompt
     assert miss.num_cached_tokens == 0
+
+
+def test_llm_chat_with_two_image_parts_matches_transformers(folder, llm):
+    _, hf_model = folder
+    a, b = vlm.random_image(50, SIZES[1]), vlm.random_image(51, SIZES[2])
+    content = [{"type": "text", "text": "w5 w6"}, {"type": "image_pil", "image_pil": a},
+               {"type": "text", "text": "w7"}, {"type": "image_pil", "image_pil": b}]
+    out = llm.chat([{"role": "user", "content": content}], GREEDY, use_tqdm=False)[0]
+    # "w5 w6\n<|vision_start|><|image_pad|><|vision_end|>\nw7\n...\n ": each image between
+    # its vision start and end tokens, expanded to its own number of placeholders.
+    short = [5, 6, Q.VISION_START, Q.IMAGE_TOKEN, Q.VISION_END, 7,
+             Q.VISION_START, Q.IMAGE_TOKEN, Q.VISION_END]
+    _check(out, _reference(hf_model, [a, b], ids=short), "chat, two images")

@@ -51,13 +51,36 @@ def image_processor():
                                       size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS})
 
 
+SPECIAL = {IMAGE_TOKEN: "<|image_pad|>", VISION_START: "<|vision_start|>",
+           VISION_END: "<|vision_end|>"}
+# Each message's content, then the assistant turn (image parts arrive as the
+# placeholder text <|vision_start|><|image_pad|><|vision_end|> between newlines).
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+
+
+def save_tokenizer(folder: str) -> None:
+    """A word-level tokenizer ("w0".."w127") whose ids 9, 11 and 12 are Qwen's image
+    special tokens, with a plain chat template."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {SPECIAL.get(i, f"w{i}"): i for i in range(VOCAB)}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tk.decoder = decoders.WordPiece(prefix="##")
+    tk.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                           for t in SPECIAL.values()])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="w0", eos_token="w2",
+                                   bos_token="w1")
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(folder)
+
+
 def save_tiny_qwen_vl(folder: str, seed: int = 0):
     """The model, its word-level tokenizer and image processor saved in ``folder``."""
-    from tests.distributed.test_parallel import save_tiny_tokenizer
-
     model = tiny_qwen_vl(seed)
     model.save_pretrained(folder)
-    save_tiny_tokenizer(folder, VOCAB)
+    save_tokenizer(folder)
     image_processor().save_pretrained(folder)
     return model
 
