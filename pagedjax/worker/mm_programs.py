@@ -38,7 +38,6 @@ class ImagePrograms:
         self.plan = plan
         self.hidden_size = hidden_size
         self.dtype = jnp.dtype(dtype)
-        self.device = jax.devices()[0]
         self._encode = jax.jit(self._encode_impl, static_argnames=("plan",))
         self._place = jax.jit(_place)
         self._zeros: dict[int, jax.Array] = {}
@@ -60,8 +59,9 @@ class ImagePrograms:
     def zeros(self, t: int) -> jax.Array:
         z = self._zeros.get(t)
         if z is None:
-            z = self._zeros[t] = jax.device_put(np.zeros((t, self.hidden_size), self.dtype),
-                                                self.device)
+            # Uncommitted (no device named), like the other step inputs: a committed
+            # argument would commit the step's outputs and change every program's key.
+            z = self._zeros[t] = jax.device_put(np.zeros((t, self.hidden_size), self.dtype))
         return z
 
     def step_inputs(self, pieces: Sequence[tuple], t: int) -> tuple:
