@@ -104,12 +104,16 @@ class EngineCore:
         for sid in seq_ids:
             self.scheduler.finish_request(sid, reason, stop_reason)
             self.seqs.forget(sid)
+            if self.encoder_cache is not None:  # its images' encoder rows are free now
+                self.encoder_cache.release(sid)
 
     def abort_request(self, request_id: str) -> None:
         """Abort a request and all of its sequences."""
         for sid in self.seqs.seq_ids(request_id):
             self.scheduler.abort_request(sid)
             self.seqs.forget(sid)
+            if self.encoder_cache is not None:  # its images' encoder rows are free now
+                self.encoder_cache.release(sid)
 
     def step_request_ids(self) -> list[str]:
         """Requests with a row in the latest launched step or the one in flight
