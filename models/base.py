@@ -40,6 +40,8 @@ class AttentionMetadata:
     num_seqs: jax.Array  # i32[]       valid sequences
     lora_slots: jax.Array | None = None  # i32[T] LoRA slot of each token (-1: none);
     #                                      None when LoRA serving is off (models/lora.py)
+    mrope_positions: jax.Array | None = None  # i32[3, T] (t, h, w) rotary positions of
+    #                                      M-RoPE models (models/qwen2_5_vl.py); None: others
     # Static (part of the compiled shape, not traced):
     max_q_len: int | None = dataclasses.field(default=None, metadata=dict(static=True))
 

@@ -108,7 +108,8 @@ class Request:
                  "finish_reason", "stop_reason", "num_preemptions", "num_cached_tokens",
                  "parent_id", "sample_index", "block_hashes", "num_registered_pages",
                  "first_scheduled", "num_pending", "spec_token_ids", "waiting_seq",
-                 "max_num_tokens", "_finishers", "mm_items", "prefill_only", "group_pages")
+                 "max_num_tokens", "_finishers", "mm_items", "prefill_only", "group_pages",
+                 "mrope")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: Any,
                  eos_token_ids: tuple[int, ...] = (), arrival_time: float | None = None,
@@ -166,6 +167,9 @@ class Request:
         self.waiting_seq: int | None = None
         # Images in the prompt (core/mm_item.py MMItem, by offset); () for text.
         self.mm_items: tuple = ()
+        # M-RoPE models: (the prompt's positions i32[3, prompt len], delta) or None
+        # (positions past the prompt are position + delta; see models/qwen2_5_vl.py).
+        self.mrope = None
 
     # ---- token views -------------------------------------------------------
     @property
@@ -266,6 +270,7 @@ class Request:
         child.sample_index = sample_index
         child.max_num_tokens = self.max_num_tokens
         child.mm_items = self.mm_items
+        child.mrope = self.mrope
         return child
 
     def __repr__(self) -> str:

@@ -74,6 +74,9 @@ class EngineCore:
         self._recent: list[list] = []
         self.num_steps = 0
         self.num_overlapped_steps = 0
+        if runner.mrope_of is not None:  # M-RoPE: each request's positions (worker/mrope.py)
+            requests = scheduler.requests
+            runner.mrope_of = lambda sid: getattr(requests.get(sid), "mrope", None)
 
     # ------------------------------------------------------------------ requests
     def add_request(self, req: Request, fallback_seed: int, bad_words_ids: list,
@@ -101,12 +104,16 @@ class EngineCore:
         for sid in seq_ids:
             self.scheduler.finish_request(sid, reason, stop_reason)
             self.seqs.forget(sid)
+            if self.encoder_cache is not None:  # its images' encoder rows are free now
+                self.encoder_cache.release(sid)
 
     def abort_request(self, request_id: str) -> None:
         """Abort a request and all of its sequences."""
         for sid in self.seqs.seq_ids(request_id):
             self.scheduler.abort_request(sid)
             self.seqs.forget(sid)
+            if self.encoder_cache is not None:  # its images' encoder rows are free now
+                self.encoder_cache.release(sid)
 
     def step_request_ids(self) -> list[str]:
         """Requests with a row in the latest launched step or the one in flight
@@ -283,10 +290,10 @@ class EngineCore:
     def _mm_inputs(self, rows) -> tuple | None:
         """The step's image inputs (encoding images the cache lacks); then releases
         the requests whose image tokens are all computed, and those that left."""
-        from pagedjax.worker.mm_inputs import step_mm_inputs
+        from pagedjax.worker.mm_inputs import step_pieces
 
         cache, requests = self.encoder_cache, self.scheduler.requests
-        mm = step_mm_inputs(rows, lambda sid: requests[sid].mm_items, cache)
+        mm = step_pieces(rows, lambda sid: requests[sid].mm_items, cache)
         for row in rows:
             items = requests[row.request_id].mm_items
             if items and row.start_pos + len(row.token_ids) >= items[-1].end:

@@ -167,7 +167,10 @@ class LLMEngine:
                              f"the vision-language model {self.info.architecture}")
         proc = MultiModalProcessor.for_model(self.resolved.path, self.model.abstract,
                                              args.limit_mm_per_prompt, args.max_image_pixels)
-        return proc, EncoderCache(self.runner.encode_images, args.encoder_cache_size)
+        examples = getattr(self.model.abstract, "encoder_warmup_data", None)
+        if examples is not None:  # warm-up compiles the encoder at each patch bucket
+            self.runner.encoder_examples = examples(proc.max_image_patches())
+        return proc, EncoderCache(self.runner.encode_item, args.encoder_cache_size)
 
     @property
     def encoder_cache(self):
@@ -257,6 +260,8 @@ class LLMEngine:
                       arrival_time=arrival, priority=priority, max_model_len=self.max_model_len,
                       cache_salt=salt, lora_int_id=lora_id)
         req.mm_items = mm_items
+        if mm_items and getattr(self.model, "uses_mrope", False):  # computed once: the step reads the table
+            req.mrope = self.model.abstract.mrope_positions(len(ids), mm_items)
         self.core.add_request(req, int(self._rng.integers(0, 2**31 - 1)), bad_ids,
                               keep_topk=beam, grammar=grammar)  # ValueError: bad request
         if not beam:

@@ -121,7 +121,7 @@ class LLM:
         engine = self.llm_engine
         tok = engine.tokenizer
         mm = engine.mm_processor
-        placeholder = tok.convert_ids_to_tokens(mm.image_token_id) if mm is not None else None
+        placeholder = mm.placeholder_text(tok) if mm is not None else None
         convs = messages if messages and isinstance(messages[0], list) else [messages]
         prompts, splits, params = [], [], []
         for conv in convs:

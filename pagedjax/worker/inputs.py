@@ -123,12 +123,13 @@ _num_logprobs = operator.attrgetter("num_logprobs")
 def prepare(buckets: Buckets, rows, sample_rows: Sequence[SampleRow], prompt_lp: dict[str, int],
         prompt_tokens: dict[str, list[int]] | None, token_src: dict[str, int] | None,
         vocab_size: int, max_model_len: int, lora_slots=None, *, tables: PageTables,
-        columns: StaticColumns | None = None):
+        columns: StaticColumns | None = None, mrope=None):
     """Host-side padding. Returns (BatchInputs numpy pytree, SamplingTensors, statics).
     ``lora_slots``: each row's LoRA slot (-1: none), None when LoRA is off.
     ``tables``: the caller's page-table rows kept between steps (page_table.py), or
     one per KV group (hybrid layouts: page_table i32[G, S, P], slot_mapping i32[G, T]);
-    ``columns``: its sampling rows' static columns (sampling_tensors.StaticColumns)."""
+    ``columns``: its sampling rows' static columns (sampling_tensors.StaticColumns);
+    ``mrope``: M-RoPE models, ``request_id -> (table, delta) | None`` (worker/mrope.py)."""
     ps = buckets.page_size
     n_rows = len(rows)
     # The rows' columns by C-level loops (map + attrgetter: this runs per step, on the
@@ -206,10 +207,15 @@ def prepare(buckets: Buckets, rows, sample_rows: Sequence[SampleRow], prompt_lp:
     if lora_slots is not None:  # per token, padding -1 (no adapter)
         token_lora = np.full(t, -1, np.int32)
         token_lora[:num_tokens] = np.asarray(lora_slots, np.int32)[row_of]
+    mrope_positions = None
+    if mrope is not None:  # three rotary position rows (Qwen2.5-VL)
+        from pagedjax.worker.mrope import step_positions
+
+        mrope_positions = step_positions(rows, positions, offs, mrope)
     meta = AttentionMetadata(
         positions=positions, slot_mapping=slots, kv_lens=kv_lens, page_table=page_table,
         cu_q_lens=cu, num_seqs=np.int32(len(rows)), lora_slots=token_lora,
-        max_q_len=1 if decode else None)
+        mrope_positions=mrope_positions, max_q_len=1 if decode else None)
     batch = BatchInputs(token_ids=token_ids, token_src=src, meta=meta,
                         logits_index=logits_index,
                         prompt_next_ids=next_ids)

@@ -185,10 +185,19 @@ class Runner:
         self._sample = jax.jit(self._sample_impl,
                                static_argnames=("spec", "num_logprobs", "backend"))
         self._copy = jax.jit(self._copy_impl, donate_argnums=(0,), out_shardings=copy_out)
-        self._encode = None  # the vision encoder's program (encode_images), made on first use
         self._logits = None  # the logits head alone (logits_of), made on first use
-        # The image rows a step reads, gathered to the step's token bucket (mm_inputs.py).
-        self._gather_rows = jax.jit(lambda buf, rows: jnp.take(buf, rows, axis=0))
+        # Vision-language models: the encoder and image-row programs (mm_programs.py);
+        # example encoder data per patch bucket, for warm-up (set by the engine).
+        self.images = None
+        self.encoder_examples: list = []
+        if getattr(model, "is_multimodal", False):
+            from pagedjax.worker.mm_programs import ImagePrograms
+
+            self.images = ImagePrograms(model, plan, model.info.hidden_size, model.info.dtype,
+                                        pool=lambda: self.compile_pool)
+        # M-RoPE models: request id -> (prompt positions, delta) | None (worker/mrope.py);
+        # the engine core points it at its requests.
+        self.mrope_of = (lambda sid: None) if getattr(model, "uses_mrope", False) else None
 
     # ------------------------------------------------------------------ device
     def _step_impl(self, params, kv_caches, bufs, prev_tokens, mm=None, *, spec: PackSpec,
@@ -231,11 +240,10 @@ class Runner:
             return copy_pages(*kv_caches, src, dst, layer_axis=True)
         return tuple(copy_pages(pages, scales, src, dst) for pages, scales in kv_caches)
 
-    def encode_images(self, pixel_values: np.ndarray) -> jax.Array:
-        """The vision encoder (its own program per image size) -> [N, tokens, H]."""
-        if self._encode is None:
-            self._encode = jax.jit(self.model.encode_images, static_argnames=("plan",))
-        return self._encode(self.params, pixel_values, plan=self.plan)
+    def encode_item(self, data) -> jax.Array:
+        """One image's encoder data (``MMItem.data``) -> its rows [R, H] on the device
+        (the vision encoder: its own program per static patch bucket)."""
+        return self.images.encode(self.params, data)
 
     def logits_of(self, hidden: np.ndarray) -> np.ndarray:
         """f32[n, H] final hidden states (a pooling request's) -> f32[n, vocab] logits, by
@@ -285,7 +293,7 @@ class Runner:
         return prepare(self.buckets, rows, sample_rows, prompt_lp, prompt_tokens, token_src,
                        self.vocab_size, self.max_model_len,
                        lora_slots if self.lora_enabled else None, tables=self.page_tables,
-                       columns=self.sampling_columns)
+                       columns=self.sampling_columns, mrope=self.mrope_of)
 
     def launch(self, rows, sample_rows: Sequence[SampleRow],
                prompt_lp: dict[str, int] | None = None,
@@ -297,7 +305,7 @@ class Runner:
         wanting prompt logprobs to k; rows with a placeholder token read it from
         ``prev``'s sampled tokens at ``token_src[request_id]``. ``defer_sample``:
         dispatch only the model; :meth:`launch_sample` dispatches the sampler.
-        ``mm``: the step's image inputs (worker/mm_inputs.py step_mm_inputs) or None."""
+        ``mm``: the step's image pieces (worker/mm_inputs.py step_pieces) or None."""
         prompt_lp = prompt_lp or {}
         batch, st, sample_index, num_logprobs, prompt_k, shape = self.prepare(
             rows, sample_rows, prompt_lp, prompt_tokens or {}, token_src, lora_slots)
@@ -345,10 +353,8 @@ class Runner:
         bbufs, bspec = pack(batch)
         if self.compile_pool is not None:
             self.compile_pool.need(("model", bspec, prompt_k))
-        if mm is not None:
-            from pagedjax.worker.mm_inputs import step_rows
-
-            mm = step_rows(self._gather_rows, mm, len(batch.token_ids))
+        if self.images is not None:  # every step of a vision-language model: one program
+            mm = self.images.step_inputs(mm or (), len(batch.token_ids))
         # The numpy buffers go straight into the jitted call (one copy per dtype, made by
         # jit's C++ path: cheaper than a jax.device_put first, and placed as compiled).
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -437,6 +443,8 @@ class Runner:
             rows, sample_rows, {}, {}, None, None)
         bbufs, bspec = pack(batch)
         args = (self.params, self.kv_caches, bbufs, self._no_tokens)
+        if self.images is not None:  # as _run_model passes them
+            args += (self.images.step_inputs((), len(batch.token_ids)),)
         kw = dict(spec=bspec, plan=self.plan, prompt_k=prompt_k)
         return ("model", bspec, prompt_k), lambda: self._step.lower(*args, **kw).compile()
 
