@@ -114,3 +114,30 @@ def test_llm_chat_with_two_image_parts_matches_transformers(folder, llm):
     short = [5, 6, Q.VISION_START, Q.IMAGE_TOKEN, Q.VISION_END, 7,
              Q.VISION_START, Q.IMAGE_TOKEN, Q.VISION_END]
     _check(out, _reference(hf_model, [a, b], ids=short), "chat, two images")
+
+
+def test_parallel_samples_and_preemption_keep_mrope_positions(folder):
+    """n = 2 forks share the prompt's M-RoPE table; a preempted request recomputes its
+    prompt (images encoded again: no encoder cache reserve) at the same positions."""
+    path, hf_model = folder
+    llm = LLM(path, num_pages=28, page_size=4, max_model_len=128, max_num_batched_tokens=32,
+              max_num_seqs=4, encoder_cache_size=0)
+    imgs = [vlm.random_image(80 + i, SIZES[i % 2]) for i in range(3)]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    outs = llm.generate([_prompt([m]) for m in imgs], params, use_tqdm=False)
+    assert llm.llm_engine.scheduler.num_preemptions > 0
+    for img, out in zip(imgs, outs):
+        assert out.outputs[0].token_ids == _reference(hf_model, [img], k=16)[1]
+    forked = llm.generate(_prompt([imgs[0]]), SamplingParams(temperature=0.0, max_tokens=5, n=2,
+                                                            ignore_eos=True), use_tqdm=False)[0]
+    ref = _reference(hf_model, [imgs[0]], k=5)[1]
+    assert [c.token_ids for c in forked.outputs] == [ref, ref]
+
+
+def test_bad_image_inputs_are_named(folder, llm):
+    with pytest.raises(ValueError, match="image processor"):  # aspect ratio over 200
+        llm.generate(_prompt([np.zeros((2, 600, 3), np.uint8)]), GREEDY, use_tqdm=False)
+    with pytest.raises(ValueError, match="placeholder"):
+        llm.generate({"prompt_token_ids": [1, 5], "multi_modal_data": {
+            "image": vlm.random_image(1)}}, GREEDY, use_tqdm=False)
+    assert not llm.llm_engine.has_unfinished_requests()
