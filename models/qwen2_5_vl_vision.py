@@ -41,6 +41,7 @@ from pagedjax.models.base import DEFAULT_PLAN, ExecutionPlan
 from pagedjax.models.common import ConfigReader, hf, hf_fused, hf_linear
 
 MIN_PATCH_BUCKET = 64
+QUERY_BLOCK = 1024  # larger buckets attend block of queries by block (bounded scores)
 
 
 def patch_bucket(num_patches: int) -> int:
@@ -69,6 +70,16 @@ def _stack_bias(g, u):
     return np.stack([g, u])
 
 
+def _attend(q, k, v, q_ids, q_pos, k_ids, k_pos, scale):
+    """Bidirectional attention of queries [Q, h, d] over keys [P, h, d] within the same
+    window / image id (padding, id -1, sees only itself) -> [Q, h, d]."""
+    mask = ((q_ids[:, None] == k_ids[None, :]) & (q_ids[:, None] >= 0)) \
+        | (q_pos[:, None] == k_pos[None, :])
+    s = jnp.einsum("qhd,khd->hqk", q, k).astype(jnp.float32) * scale
+    w = jax.nn.softmax(jnp.where(mask[None], s, -jnp.inf), axis=-1).astype(q.dtype)
+    return jnp.einsum("hqk,khd->qhd", w, v)
+
+
 class VisionBlock(nnx.Module):
     def __init__(self, d: int, heads: int, inter: int, act: str, dtype):
         self.heads, self.head_dim = heads, d // heads
@@ -80,19 +91,25 @@ class VisionBlock(nnx.Module):
         self.down = nn.Linear(inter, d, ("mlp", "embed"), bias=True, dtype=dtype)
         self.act = L.activation(act)
 
-    def attention(self, x, rope, mask, plan):  # x [P, D], mask bool[P, P]
+    def attention(self, x, rope, ids, plan):  # x [P, D], ids i32[P]: its window / image
         p = x.shape[0]
         qkv = self.qkv(x, plan).reshape(p, 3, self.heads, self.head_dim)
         q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]  # [P, h, d]
         q = L.apply_rotary(q.astype(jnp.float32), *rope).astype(x.dtype)
         k = L.apply_rotary(k.astype(jnp.float32), *rope).astype(x.dtype)
-        s = jnp.einsum("qhd,khd->hqk", q, k).astype(jnp.float32) * self.head_dim**-0.5
-        s = jnp.where(mask[None], s, -jnp.inf)
-        w = jax.nn.softmax(s, axis=-1).astype(x.dtype)
-        return self.proj(jnp.einsum("hqk,khd->qhd", w, v).reshape(p, -1), plan)
+        pos = jnp.arange(p)
+        if p <= QUERY_BLOCK:
+            o = _attend(q, k, v, ids, pos, ids, pos, self.head_dim**-0.5)
+        else:  # query blocks one after another: scores [h, QUERY_BLOCK, P] at a time
+            nb = p // QUERY_BLOCK
+            blocks = (q.reshape(nb, QUERY_BLOCK, *q.shape[1:]), ids.reshape(nb, -1),
+                      pos.reshape(nb, -1))
+            o = jax.lax.map(lambda b: _attend(b[0], k, v, b[1], b[2], ids, pos,
+                                              self.head_dim**-0.5), blocks)
+        return self.proj(o.reshape(p, -1), plan)
 
-    def __call__(self, x, rope, mask, plan):
-        x = x + self.attention(self.norm1(x), rope, mask, plan)
+    def __call__(self, x, rope, ids, plan):
+        x = x + self.attention(self.norm1(x), rope, ids, plan)
         gu = self.gate_up(self.norm2(x), plan)
         return x + self.down(self.act(gu[:, 0]) * gu[:, 1], plan)
 
@@ -189,14 +206,8 @@ class Qwen2_5_VisionTower(nnx.Module):
         """The tower's inputs (:meth:`encoder_inputs`) -> [P / 4, out_hidden_size]."""
         x = self.patch_embed(inputs["patches"].astype(self.dtype), plan)
         rope = self._rope(inputs["pos"])
-        idx = jnp.arange(x.shape[0])
-        pad_self = idx[:, None] == idx[None, :]
-        masks = {}
-        for name in ("window", "image"):
-            ids = inputs[name]
-            masks[name] = ((ids[:, None] == ids[None, :]) & (ids[:, None] >= 0)) | pad_self
         for i, block in enumerate(self.blocks):
-            x = block(x, rope, masks["image" if i in self.full_layers else "window"], plan)
+            x = block(x, rope, inputs["image" if i in self.full_layers else "window"], plan)
         return self.merger(x, plan)
 
     def weight_map(self, hf_prefix: str, prefix: str) -> dict:

@@ -48,7 +48,11 @@ def _items(model, ids, inputs):
     return tuple(MMItem(f"h{k}", s, n, d) for k, ((d, n), s) in enumerate(zip(pairs, starts)))
 
 
-def test_vision_tower_matches_transformers(qwen_vl):
+@pytest.mark.parametrize("query_block", [1024, 32])  # 32: queries attend block by block
+def test_vision_tower_matches_transformers(qwen_vl, query_block, monkeypatch):
+    from pagedjax.models import qwen2_5_vl_vision
+
+    monkeypatch.setattr(qwen2_5_vl_vision, "QUERY_BLOCK", query_block)
     folder, hf_model, model, params = qwen_vl
     assert model.is_multimodal and model.uses_mrope
     images = [vlm.random_image(1, SIZES[0]), vlm.random_image(2, SIZES[1])]
