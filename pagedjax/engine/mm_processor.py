@@ -106,8 +106,11 @@ class MultiModalProcessor:
         return out
 
     def placeholder_text(self, tokenizer) -> str:
-        """The text standing for one image in a chat message (its placeholder tokens)."""
-        return "".join(tokenizer.convert_ids_to_tokens(list(self.placeholder_ids)))
+        """The text standing for one image part of a chat message: the image token on a
+        line of its own, or, for models whose templates write the image inline between
+        vision start / end tokens (Qwen2.5-VL), those tokens as the template writes them."""
+        text = "".join(tokenizer.convert_ids_to_tokens(list(self.placeholder_ids)))
+        return text if len(self.placeholder_ids) > 1 else f"\n{text}\n"
 
     def max_image_patches(self) -> int | None:
         """Most patches the image processor makes of one image (its largest pixel count

@@ -109,8 +109,9 @@ def test_llm_chat_with_two_image_parts_matches_transformers(folder, llm):
     content = [{"type": "text", "text": "w5 w6"}, {"type": "image_pil", "image_pil": a},
                {"type": "text", "text": "w7"}, {"type": "image_pil", "image_pil": b}]
     out = llm.chat([{"role": "user", "content": content}], GREEDY, use_tqdm=False)[0]
-    # "w5 w6\n<|vision_start|><|image_pad|><|vision_end|>\nw7\n...\n ": each image between
-    # its vision start and end tokens, expanded to its own number of placeholders.
+    # "w5 w6<|vision_start|><|image_pad|><|vision_end|>w7<|vision_start|>...": each image
+    # inline between its vision start and end tokens (as Qwen's template writes it),
+    # expanded to its own number of placeholders.
     short = [5, 6, Q.VISION_START, Q.IMAGE_TOKEN, Q.VISION_END, 7,
              Q.VISION_START, Q.IMAGE_TOKEN, Q.VISION_END]
     _check(out, _reference(hf_model, [a, b], ids=short), "chat, two images")
