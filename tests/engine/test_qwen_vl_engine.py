@@ -142,3 +142,34 @@ def test_bad_image_inputs_are_named(folder, llm):
         llm.generate({"prompt_token_ids": [1, 5], "multi_modal_data": {
             "image": vlm.random_image(1)}}, GREEDY, use_tqdm=False)
     assert not llm.llm_engine.has_unfinished_requests()
+
+
+def test_images_served_without_torch(folder, llm):
+    """The image processor's PIL/numpy backend: a process where ``import torch`` fails
+    gives the same tokens."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.utils.paths import REPO_ROOT
+
+    img = vlm.random_image(90, SIZES[0])
+    img.save(f"{folder[0]}/probe.png")
+    code = (
+        "import sys, json\n"
+        "sys.modules['torch'] = None; sys.modules['torchvision'] = None\n"
+        "from PIL import Image\n"
+        "from pagedjax import LLM, SamplingParams\n"
+        f"llm = LLM({folder[0]!r}, num_pages=64, page_size=4, max_model_len=128)\n"
+        f"p = {{'prompt_token_ids': {_short_ids(1)!r},\n"
+        f"     'multi_modal_data': {{'image': Image.open({folder[0] + '/probe.png'!r})}}}}\n"
+        "out = llm.generate(p, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),\n"
+        "                   use_tqdm=False)\n"
+        "print(json.dumps(out[0].outputs[0].token_ids))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=str(REPO_ROOT), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tokens = json.loads(proc.stdout.strip().splitlines()[-1])
+    want = llm.generate(_prompt([img]), SamplingParams(temperature=0.0, max_tokens=4,
+                                                       ignore_eos=True), use_tqdm=False)
+    assert tokens == want[0].outputs[0].token_ids
