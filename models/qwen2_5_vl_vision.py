@@ -12,9 +12,11 @@ tower runs over a static *patch bucket* (P padded to a power of two): the host s
   quarter by the column (both halves of the neox layout, as HF).
 * Window attention: the layers not in ``fullatt_block_indexes`` attend within windows
   of ``window_size`` pixels (in 2 x 2 merge blocks); the others over the whole image.
-  HF reorders the patches window by window first; attention within a set is
-  order-free and the merger groups the same four patches either way, so here the
-  patches stay in the processor's order and a window id masks the attention.
+  As in HF the patches are reordered window by window (merge blocks stay whole) and
+  a window id masks the attention; on large buckets the queries go by blocks of
+  ``QUERY_BLOCK``, and in window layers a block reads only the keys within the
+  longest window of it (windows are contiguous), so those layers cost O(P) not O(P^2).
+  The merged tokens are put back in the image's order at the end.
 * Patch merger: RMS norm, four neighbouring patches concatenated, a two-layer MLP
   with GELU into the language model's hidden size.
 
@@ -41,6 +43,7 @@ from pagedjax.models.base import DEFAULT_PLAN, ExecutionPlan
 from pagedjax.models.common import ConfigReader, hf, hf_fused, hf_linear
 
 MIN_PATCH_BUCKET = 64
+QUERY_BLOCK = 1024  # larger buckets attend block of queries by block (bounded scores)
 
 
 def patch_bucket(num_patches: int) -> int:
@@ -69,6 +72,16 @@ def _stack_bias(g, u):
     return np.stack([g, u])
 
 
+def _attend(q, k, v, q_ids, q_pos, k_ids, k_pos, scale):
+    """Bidirectional attention of queries [Q, h, d] over keys [P, h, d] within the same
+    window / image id (padding, id -1, sees only itself) -> [Q, h, d]."""
+    mask = ((q_ids[:, None] == k_ids[None, :]) & (q_ids[:, None] >= 0)) \
+        | (q_pos[:, None] == k_pos[None, :])
+    s = jnp.einsum("qhd,khd->hqk", q, k).astype(jnp.float32) * scale
+    w = jax.nn.softmax(jnp.where(mask[None], s, -jnp.inf), axis=-1).astype(q.dtype)
+    return jnp.einsum("hqk,khd->qhd", w, v)
+
+
 class VisionBlock(nnx.Module):
     def __init__(self, d: int, heads: int, inter: int, act: str, dtype):
         self.heads, self.head_dim = heads, d // heads
@@ -80,19 +93,35 @@ class VisionBlock(nnx.Module):
         self.down = nn.Linear(inter, d, ("mlp", "embed"), bias=True, dtype=dtype)
         self.act = L.activation(act)
 
-    def attention(self, x, rope, mask, plan):  # x [P, D], mask bool[P, P]
+    def attention(self, x, rope, ids, band, plan):
+        """x [P, D]; ids i32[P]: each patch's window or image (-1: padding); ``band``:
+        the longest window (patches, contiguous in the layout) or None (full)."""
         p = x.shape[0]
         qkv = self.qkv(x, plan).reshape(p, 3, self.heads, self.head_dim)
         q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]  # [P, h, d]
         q = L.apply_rotary(q.astype(jnp.float32), *rope).astype(x.dtype)
         k = L.apply_rotary(k.astype(jnp.float32), *rope).astype(x.dtype)
-        s = jnp.einsum("qhd,khd->hqk", q, k).astype(jnp.float32) * self.head_dim**-0.5
-        s = jnp.where(mask[None], s, -jnp.inf)
-        w = jax.nn.softmax(s, axis=-1).astype(x.dtype)
-        return self.proj(jnp.einsum("hqk,khd->qhd", w, v).reshape(p, -1), plan)
+        pos = jnp.arange(p)
+        scale = self.head_dim**-0.5
+        if p <= QUERY_BLOCK:
+            return self.proj(_attend(q, k, v, ids, pos, ids, pos, scale).reshape(p, -1), plan)
+        # Query blocks one after another: scores [h, QUERY_BLOCK, keys] at a time; a
+        # window layer's block reads only the keys its windows can reach.
+        nb = p // QUERY_BLOCK
+        width = p if band is None or QUERY_BLOCK + 2 * band >= p else QUERY_BLOCK + 2 * band
 
-    def __call__(self, x, rope, mask, plan):
-        x = x + self.attention(self.norm1(x), rope, mask, plan)
+        def block(b):
+            start = jnp.clip(b * QUERY_BLOCK - (band or 0), 0, p - width)
+            ks = [jax.lax.dynamic_slice_in_dim(a, start, width) for a in (k, v, ids, pos)]
+            qb = [jax.lax.dynamic_slice_in_dim(a, b * QUERY_BLOCK, QUERY_BLOCK)
+                  for a in (q, ids, pos)]
+            return _attend(qb[0], ks[0], ks[1], qb[1], qb[2], ks[2], ks[3], scale)
+
+        o = jax.lax.map(block, jnp.arange(nb))
+        return self.proj(o.reshape(p, -1), plan)
+
+    def __call__(self, x, rope, ids, band, plan):
+        x = x + self.attention(self.norm1(x), rope, ids, band, plan)
         gu = self.gate_up(self.norm2(x), plan)
         return x + self.down(self.act(gu[:, 0]) * gu[:, 1], plan)
 
@@ -175,7 +204,17 @@ class Qwen2_5_VisionTower(nnx.Module):
         window[:n] = (frame * nh + (rows // m) // ws) * nw + (cols // m) // ws
         image = np.full(bucket, -1, np.int32)  # full attention: one frame (HF's segments)
         image[:n] = frame
-        return {"patches": patches, "pos": pos, "window": window, "image": image}
+        # Window by window (HF's order): each window's patches contiguous; merge blocks
+        # stay whole, and ``order`` puts the merged tokens back in the image's order.
+        unit = m * m
+        units = np.argsort(window[:n:unit], kind="stable")
+        perm = (units[:, None] * unit + np.arange(unit)).reshape(-1)
+        for a in (patches, pos, window, image):
+            a[:n] = a[:n][perm]
+        order = np.arange(bucket // unit, dtype=np.int32)
+        order[:n // unit] = np.argsort(units)
+        return {"patches": patches, "pos": pos, "window": window, "image": image,
+                "order": order}
 
     # -- device side -------------------------------------------------------------------
 
@@ -189,15 +228,12 @@ class Qwen2_5_VisionTower(nnx.Module):
         """The tower's inputs (:meth:`encoder_inputs`) -> [P / 4, out_hidden_size]."""
         x = self.patch_embed(inputs["patches"].astype(self.dtype), plan)
         rope = self._rope(inputs["pos"])
-        idx = jnp.arange(x.shape[0])
-        pad_self = idx[:, None] == idx[None, :]
-        masks = {}
-        for name in ("window", "image"):
-            ids = inputs[name]
-            masks[name] = ((ids[:, None] == ids[None, :]) & (ids[:, None] >= 0)) | pad_self
+        band = self.window_units() ** 2 * self.merge**2  # patches of the largest window
         for i, block in enumerate(self.blocks):
-            x = block(x, rope, masks["image" if i in self.full_layers else "window"], plan)
-        return self.merger(x, plan)
+            full = i in self.full_layers
+            x = block(x, rope, inputs["image" if full else "window"], None if full else band,
+                      plan)
+        return jnp.take(self.merger(x, plan), inputs["order"], axis=0)
 
     def weight_map(self, hf_prefix: str, prefix: str) -> dict:
         out = {prefix + "patch_embed.kernel": hf_fused(_flat, hf_prefix + "patch_embed.proj.weight")}

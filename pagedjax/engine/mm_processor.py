@@ -6,8 +6,10 @@
 Images are PIL images, numpy arrays (H, W, C uint8) or encoded bytes. Each one is
 preprocessed by the model folder's transformers image processor (its PIL/numpy
 backend: no torch at run time), hashed by content (mode, size and pixels), and
-takes ``tokens_per_image`` placeholder tokens (``image_token_id``) in the prompt:
-the prompt names each image by one placeholder token (expanded here, as vLLM's
+takes its placeholder tokens (``image_token_id``) in the prompt: ``tokens_per_image``
+for models whose images all have one size, else as many as the model's
+``image_items`` says for the image as the processor resized it (Qwen2.5-VL). The
+prompt names each image by one placeholder token (expanded here, as vLLM's
 processors do) or by the whole run of them. Every error is a ValueError that
 names the argument.
 """
@@ -104,8 +106,11 @@ class MultiModalProcessor:
         return out
 
     def placeholder_text(self, tokenizer) -> str:
-        """The text standing for one image in a chat message (its placeholder tokens)."""
-        return "".join(tokenizer.convert_ids_to_tokens(list(self.placeholder_ids)))
+        """The text standing for one image part of a chat message: the image token on a
+        line of its own, or, for models whose templates write the image inline between
+        vision start / end tokens (Qwen2.5-VL), those tokens as the template writes them."""
+        text = "".join(tokenizer.convert_ids_to_tokens(list(self.placeholder_ids)))
+        return text if len(self.placeholder_ids) > 1 else f"\n{text}\n"
 
     def max_image_patches(self) -> int | None:
         """Most patches the image processor makes of one image (its largest pixel count
@@ -130,7 +135,11 @@ class MultiModalProcessor:
         images = self._images(mm_data)
         self.check_count(len(images))
         pil = [load_image(im, i, self.max_image_pixels) for i, im in enumerate(images)]
-        processed = self.image_processor(images=pil, return_tensors="np") if pil else {}
+        try:
+            processed = self.image_processor(images=pil, return_tensors="np") if pil else {}
+        except (ValueError, TypeError) as e:  # e.g. an aspect ratio the processor refuses
+            raise ValueError(f"multi_modal_data['image']: the model's image processor "
+                             f"cannot take the image(s): {e}") from None
         if self.image_items is not None:
             pairs = self.image_items(processed) if pil else []
         else:

@@ -109,8 +109,67 @@ def test_llm_chat_with_two_image_parts_matches_transformers(folder, llm):
     content = [{"type": "text", "text": "w5 w6"}, {"type": "image_pil", "image_pil": a},
                {"type": "text", "text": "w7"}, {"type": "image_pil", "image_pil": b}]
     out = llm.chat([{"role": "user", "content": content}], GREEDY, use_tqdm=False)[0]
-    # "w5 w6\n<|vision_start|><|image_pad|><|vision_end|>\nw7\n...\n ": each image between
-    # its vision start and end tokens, expanded to its own number of placeholders.
+    # "w5 w6<|vision_start|><|image_pad|><|vision_end|>w7<|vision_start|>...": each image
+    # inline between its vision start and end tokens (as Qwen's template writes it),
+    # expanded to its own number of placeholders.
     short = [5, 6, Q.VISION_START, Q.IMAGE_TOKEN, Q.VISION_END, 7,
              Q.VISION_START, Q.IMAGE_TOKEN, Q.VISION_END]
     _check(out, _reference(hf_model, [a, b], ids=short), "chat, two images")
+
+
+def test_parallel_samples_and_preemption_keep_mrope_positions(folder):
+    """n = 2 forks share the prompt's M-RoPE table; a preempted request recomputes its
+    prompt (images encoded again: no encoder cache reserve) at the same positions."""
+    path, hf_model = folder
+    llm = LLM(path, num_pages=28, page_size=4, max_model_len=128, max_num_batched_tokens=32,
+              max_num_seqs=4, encoder_cache_size=0)
+    imgs = [vlm.random_image(80 + i, SIZES[i % 2]) for i in range(3)]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    outs = llm.generate([_prompt([m]) for m in imgs], params, use_tqdm=False)
+    assert llm.llm_engine.scheduler.num_preemptions > 0
+    for img, out in zip(imgs, outs):
+        assert out.outputs[0].token_ids == _reference(hf_model, [img], k=16)[1]
+    forked = llm.generate(_prompt([imgs[0]]), SamplingParams(temperature=0.0, max_tokens=5, n=2,
+                                                            ignore_eos=True), use_tqdm=False)[0]
+    ref = _reference(hf_model, [imgs[0]], k=5)[1]
+    assert [c.token_ids for c in forked.outputs] == [ref, ref]
+
+
+def test_bad_image_inputs_are_named(folder, llm):
+    with pytest.raises(ValueError, match="image processor"):  # aspect ratio over 200
+        llm.generate(_prompt([np.zeros((2, 600, 3), np.uint8)]), GREEDY, use_tqdm=False)
+    with pytest.raises(ValueError, match="placeholder"):
+        llm.generate({"prompt_token_ids": [1, 5], "multi_modal_data": {
+            "image": vlm.random_image(1)}}, GREEDY, use_tqdm=False)
+    assert not llm.llm_engine.has_unfinished_requests()
+
+
+def test_images_served_without_torch(folder, llm):
+    """The image processor's PIL/numpy backend: a process where ``import torch`` fails
+    gives the same tokens."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.utils.paths import REPO_ROOT
+
+    img = vlm.random_image(90, SIZES[0])
+    img.save(f"{folder[0]}/probe.png")
+    code = (
+        "import sys, json\n"
+        "sys.modules['torch'] = None; sys.modules['torchvision'] = None\n"
+        "from PIL import Image\n"
+        "from pagedjax import LLM, SamplingParams\n"
+        f"llm = LLM({folder[0]!r}, num_pages=64, page_size=4, max_model_len=128)\n"
+        f"p = {{'prompt_token_ids': {_short_ids(1)!r},\n"
+        f"     'multi_modal_data': {{'image': Image.open({folder[0] + '/probe.png'!r})}}}}\n"
+        "out = llm.generate(p, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),\n"
+        "                   use_tqdm=False)\n"
+        "print(json.dumps(out[0].outputs[0].token_ids))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=str(REPO_ROOT), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tokens = json.loads(proc.stdout.strip().splitlines()[-1])
+    want = llm.generate(_prompt([img]), SamplingParams(temperature=0.0, max_tokens=4,
+                                                       ignore_eos=True), use_tqdm=False)
+    assert tokens == want[0].outputs[0].token_ids

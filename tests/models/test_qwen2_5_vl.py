@@ -48,7 +48,11 @@ def _items(model, ids, inputs):
     return tuple(MMItem(f"h{k}", s, n, d) for k, ((d, n), s) in enumerate(zip(pairs, starts)))
 
 
-def test_vision_tower_matches_transformers(qwen_vl):
+@pytest.mark.parametrize("query_block", [1024, 32])  # 32: queries attend block by block
+def test_vision_tower_matches_transformers(qwen_vl, query_block, monkeypatch):
+    from pagedjax.models import qwen2_5_vl_vision
+
+    monkeypatch.setattr(qwen2_5_vl_vision, "QUERY_BLOCK", query_block)
     folder, hf_model, model, params = qwen_vl
     assert model.is_multimodal and model.uses_mrope
     images = [vlm.random_image(1, SIZES[0]), vlm.random_image(2, SIZES[1])]
@@ -124,3 +128,26 @@ def test_bad_mrope_section_is_named(tmp_path):
     json.dump(cfg, open(f"{folder}/config.json", "w"))
     with pytest.raises(ValueError, match="mrope_section"):
         models.load_model(folder)
+
+
+def test_flat_config_of_released_checkpoints_loads_the_same(qwen_vl, tmp_path):
+    """Released Qwen2.5-VL folders keep the text fields at the top level with
+    ``rope_scaling: {type: mrope, mrope_section}`` and ``rope_theta``."""
+    import json
+    import shutil
+
+    folder, hf_model, model, params = qwen_vl
+    flat_dir = str(tmp_path / "flat")
+    shutil.copytree(folder, flat_dir)
+    cfg = json.load(open(f"{flat_dir}/config.json"))
+    text = cfg.pop("text_config")
+    rope = text.pop("rope_parameters")
+    text.update(rope_theta=rope["rope_theta"],
+                rope_scaling={"type": "mrope", "mrope_section": rope["mrope_section"]})
+    cfg["vision_config"]["model_type"] = "qwen2_5_vl"
+    json.dump({**text, **cfg}, open(f"{flat_dir}/config.json", "w"))
+    flat, flat_params = models.load_model(flat_dir, dtype="float32")
+    assert flat.abstract.mrope_section == model.abstract.mrope_section == (2, 3, 3)
+    assert flat.abstract.inv_freq == model.abstract.inv_freq
+    for a, b in zip(jax.tree.leaves(flat_params), jax.tree.leaves(params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
