@@ -302,3 +302,19 @@ def test_cold_start_smoke(tiny_folder, tmp_path):
     if cold["builds"]["cpu_sampler"]:  # built in the cold process, found in the warm one
         assert cold["builds"]["cpu_sampler"]["cached"] is False
         assert warm["builds"]["cpu_sampler"]["cached"] is True
+
+
+def test_hybrid_kv_benchmark_counts_pool_pages(tmp_path):
+    """benchmarks/features/hybrid_kv.py (its scheduler part): the pool's used pages after
+    a sequence, uniform vs hybrid, and each sliding group's window only."""
+    from benchmarks.features import hybrid_kv
+
+    out = tmp_path / "hkv.json"
+    assert hybrid_kv.main(["--lengths", "4096", "--engine-lengths", "--chunk", "512",
+                           "--json", str(out)]) == 0
+    rows = {r["model"]: r for r in json.loads(out.read_text())["rows"]}
+    small = rows["gemma-3-270m"]
+    assert small["uniform"]["pages"] == 4096 // 16 and small["uniform"]["arrays"] == 18
+    # 256 pages of the full group + 5 sliding groups of ceil(511 / 16) + 1 pages
+    assert small["hybrid"]["pages"] == 256 + 5 * 33 and small["hybrid"]["arrays"] == 3
+    assert small["hybrid"]["bytes"] < 0.3 * small["uniform"]["bytes"]
