@@ -346,3 +346,19 @@ def test_peer_serve_commands_and_comparison(tmp_path):
     assert cmp["ratio_median"]["output_throughput"] == 2.0
     assert cmp["median"]["pagedjax"]["request_throughput"] == 3.0
     assert "pagedjax/llama median" in peer_serve.table(cmp, rounds)
+
+
+def test_hybrid_kv_benchmark_counts_pool_pages(tmp_path):
+    """benchmarks/features/hybrid_kv.py (its scheduler part): the pool's used pages after
+    a sequence, uniform vs hybrid, and each sliding group's window only."""
+    from benchmarks.features import hybrid_kv
+
+    out = tmp_path / "hkv.json"
+    assert hybrid_kv.main(["--lengths", "4096", "--engine-lengths", "--chunk", "512",
+                           "--json", str(out)]) == 0
+    rows = {r["model"]: r for r in json.loads(out.read_text())["rows"]}
+    small = rows["gemma-3-270m"]
+    assert small["uniform"]["pages"] == 4096 // 16 and small["uniform"]["arrays"] == 18
+    # 256 pages of the full group + 5 sliding groups of ceil(511 / 16) + 1 pages
+    assert small["hybrid"]["pages"] == 256 + 5 * 33 and small["hybrid"]["arrays"] == 3
+    assert small["hybrid"]["bytes"] < 0.3 * small["uniform"]["bytes"]

@@ -161,12 +161,13 @@ class GroupPages:
                 probes[g, i] = pool.cached_block(i, tokens, salt, block_hashes=hashes, group=g)
             return probes[g, i]
 
-        while h > 0:
-            lo = [max(0, h * ps - w + 1) // ps if w is not None else 0 for w in self.windows]
-            if all(w is None or all(probe(g, i) is not None for i in range(lo[g], h))
-                   for g, w in enumerate(self.windows)):
+        while h > 0:  # a missing block m rules out every h > m: jump to h = m
+            missing = next((i for g, w in enumerate(self.windows) if w is not None
+                            for i in range(h - 1, max(0, h * ps - w + 1) // ps - 1, -1)
+                            if probe(g, i) is None), None)
+            if missing is None:
                 break
-            h -= 1
+            h = missing
         if h == 0:
             return 0, empty
         tables = []

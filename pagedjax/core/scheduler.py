@@ -32,7 +32,12 @@ Finished requests leave the scheduler (`get_request` returns None afterwards);
 `update`, `abort_request` and `finish_request` hand them back to the engine.
 The rows, copies and the contract with the engine: ``scheduler_output.py``.
 
-Extras: `stats()` (PoolStats), `kv_waste()`, `num_running`, `num_waiting`
+Hybrid KV layouts (``kv_layout`` with several groups or a sliding window,
+``kv_groups.py``): a request has one page table per group and the page work
+(reserve, slide, prefix hits, forks, rollback, freeing) goes to
+``group_pages.GroupPages``; ``kv_waste`` looks at group 0.
+
+Extras: `stats()` (PoolStats), `kv_capacity()`, `kv_waste()`, `num_running`, `num_waiting`
 (properties), `get_num_unfinished_requests()`, `pool` (the PagePool).
 """
 

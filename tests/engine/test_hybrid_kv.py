@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from pagedjax import LLM, SamplingParams  # noqa: E402
+from pagedjax.engine.pool_snapshot import pool_snapshot  # noqa: E402
 from pagedjax.utils import cdiv  # noqa: E402
 
 VOCAB, WINDOW, PAGE = 128, 8, 4
@@ -92,6 +93,8 @@ def test_long_decode_matches_transformers_and_holds_the_window(tiny_gemma):
             if r.num_computed_tokens > 40:  # well past the prompt chunks
                 for g in (1, 2):
                     most = max(most, sched.groups.held(r, g))
+        snap = pool_snapshot(engine)  # the dashboard attributes every group's pages
+        assert sum(len(r["pages"]) for r in snap["requests"]) == snap["counts"]["used"]
     assert 0 < most <= cdiv(WINDOW, PAGE) + 1
     for i, p in enumerate(prompts):
         assert outs[f"r{i}"] == hf_greedy(hf, p, 60)
