@@ -199,7 +199,8 @@ def summary_lines(rows) -> list[str]:
     """Worst registers, spills, shared memory and lowest occupancy per value of
     each axis, per arch (compiled rows only)."""
     out = [f"{'axis':<11} {'value':<14} {'arch':<7} {'n':>5} {'max regs':>8} "
-           f"{'max spill':>9} {'max smemKB':>10} {'min occ':>7} {'failed':>6}"]
+           f"{'max spill':>9} {'max smemKB':>10} {'min occ':>7} {'failed':>6} "
+           f"{'spill w/o flag':>14}"]
     done = [r for r in rows if "registers" in r]
     for axis in AXES:
         for value in sorted({r["axes"][axis] for r in done}, key=str):
@@ -213,12 +214,22 @@ def summary_lines(rows) -> list[str]:
                     f"{max(r['spill_stores'] for r in sel):>9} "
                     f"{max(r['shared_bytes'] for r in sel) / 1024:>10.1f} "
                     f"{min(r['occupancy'] for r in sel):>7.0%} "
-                    f"{sum(not r['ok'] for r in sel):>6}")
+                    f"{sum(not r['ok'] for r in sel):>6} "
+                    f"{_worst_default_alloc(sel):>14}")
     return out
 
 
 MACHINE = ("2-core VM shared with other agents, no GPU (compile only: the figures are "
            "triton 3.9.0's and its ptxas', not timings); jax 0.10.2")
+
+
+def _worst_default_alloc(rows) -> str:
+    """Most bytes the spilling rows still spill with ptxas' default allocator
+    ("-": none spilled; "?": not measured)."""
+    spilled = [r.get("spill_stores_default_alloc") for r in rows if r["spill_stores"]]
+    if not spilled:
+        return "-"
+    return "?" if None in spilled else str(max(spilled))
 
 
 def figure(rows, archs, headroom, total) -> dict:

@@ -24,7 +24,7 @@ def test_summary_and_figure_name_the_worst_per_axis_value():
                                          arch="sm_80", ok=True, skipped="why")]
     lines = check.summary_lines(rows)
     kind_sm80 = next(ln for ln in lines if ln.startswith("kind        decode") and "sm_80" in ln)
-    assert kind_sm80.split()[3:] == ["1", "80", "8", "40.0", "25%", "1"]
+    assert kind_sm80.split()[3:] == ["1", "80", "8", "40.0", "25%", "1", "?"]
     assert not any(ln.startswith("kind        mixed") and "sm_80" in ln for ln in lines)
     fig = check.figure(rows, ("sm_90a", "sm_80"), 16, 2592)
     assert fig["categories"] == ["decode d64", "mixed d128"]

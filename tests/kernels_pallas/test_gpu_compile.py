@@ -80,6 +80,19 @@ def test_former_micro_spills_compile_clean(v, arch):
     assert res.num_warps == 8 and res.spill_stores == 0
 
 
+def test_residual_sm90a_spill_is_triton_s_allocator_flag():
+    """The representative set's one residual: head size 256, fp8 pages, window and soft
+    cap sit at the 128-register step on sm_90a. The check fails it while it spills, and
+    reports that ptxas' default allocator fits the same PTX with no spill."""
+    v = gv.GpuVariant("mixed", 256, 4, "float8_e4m3fn", 16, True, True, 1)
+    res = _compile(v, "sm_90a")
+    assert res.registers <= 128 and res.num_warps == 8
+    if res.spill_stores:
+        assert res.spill_stores_default_alloc == 0
+        with pytest.raises(gc.CompileCheckError, match="0 B with ptxas' default allocator"):
+            gc.check(res)
+
+
 def test_tile_plan_keeps_every_tile_on_8_warps():
     """Mixed tiles: 32 query rows at head size 64, 16 (as decode) above; 8 warps."""
     from pagedjax.kernels_pallas.pallas import triton_gpu
