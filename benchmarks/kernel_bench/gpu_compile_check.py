@@ -64,7 +64,9 @@ def _compile_cached(kernel, arch):
     from pagedjax.kernels_pallas.pallas import gpu_compile as gc
 
     key = _cache_key(kernel, arch)
-    if key not in _CACHE:
+    hit = _CACHE.get(key)
+    if hit is None or (hit.get("spill_stores") and
+                       hit.get("spill_stores_default_alloc") is None):
         try:
             _CACHE[key] = dataclasses.asdict(gc.compile_kernel(kernel, arch))
         except gc.CompileCheckError as e:
@@ -132,6 +134,7 @@ def main(argv=None) -> int:
     ap.add_argument("--shuffle", type=int, metavar="SEED",
                     help="run the variants in a random order (a partial run is then a sample "
                          "of every axis)")
+    ap.add_argument("--limit", type=int, help="only the first N variants (after --shuffle)")
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--cache", help="compile results by Triton IR hash: read, then updated")
     ap.add_argument("--figure", help="write a compact per-variant table here")
@@ -141,6 +144,7 @@ def main(argv=None) -> int:
                          block_k=a.block_k, block_q=a.block_q)
     if a.shuffle is not None:
         random.Random(a.shuffle).shuffle(variants)
+    variants = variants[:a.limit]
     t0 = time.perf_counter()
     print(f"{'variant':<52} {'arch':<7} {'regs':>4} {'spill':>5} {'smemKB':>7} {'warps':>5} "
           f"{'blk/SM':>6} {'occ':>5} {'limiter':<9} status", flush=True)

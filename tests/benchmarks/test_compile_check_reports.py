@@ -54,3 +54,15 @@ def test_cache_compiles_identical_ir_once(monkeypatch):
     check._compile_cached(dataclasses.replace(k, num_warps=4), "sm_90a")
     assert key == key2 and first == again
     assert calls == ["sm_90a", "sm_90a"]  # the 4-warp build is a different cubin
+
+
+def test_a_cached_spill_without_the_allocator_recheck_is_compiled_again(monkeypatch):
+    from pagedjax.kernels_pallas.pallas import gpu_compile as gc
+
+    k = gc.TritonKernel("k", "tt.func @k() {}", 8, 2)
+    old = dataclasses.asdict(gc.KernelResources("sm_90a", "k", 8, 2, 128, 16, 16, 16, 1024))
+    monkeypatch.setattr(check, "_CACHE", {check._cache_key(k, "sm_90a"): old})
+    monkeypatch.setattr(gc, "compile_kernel", lambda kernel, arch: gc.KernelResources(
+        arch, kernel.name, 8, 2, 128, 16, 16, 16, 1024, spill_stores_default_alloc=0))
+    res, _ = check._compile_cached(k, "sm_90a")
+    assert res.spill_stores_default_alloc == 0
