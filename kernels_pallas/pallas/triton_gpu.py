@@ -78,8 +78,8 @@ So every program runs on ``NUM_WARPS = 8``; mixed tiles hold ``M = 32`` query
 rows (``BQ = 32 // G``) at ``D <= 64`` and 16 rows above, like decode tiles;
 ``BK`` = 64 keys (32 at ``D = 256``). Every tile then needs at most 128
 registers (at least 127 spare), gets 2 blocks of 8 warps per SM (25%
-occupancy; 3-4 blocks where it needs 80 or fewer), where the former plan
-gave mixed tiles at ``D >= 128`` 12-19%. On sm_80 no compile of the checked
+occupancy; 3-4 blocks where it needs 80 or fewer), where 4-warp mixed tiles
+of 32 rows at ``D >= 128`` get 12-19%. On sm_80 no compile of the checked
 variants spills; on sm_90a about 2 in 100 still land exactly on the 64-, 80-
 or 128-register step and spill 8-16 B under triton's allocator flag, which
 ptxas' default allocator fits with no spill (BENCHMARKS.md lists them; the

@@ -60,11 +60,11 @@ def test_variant_compiles_without_spills_with_headroom(v, arch):
     assert occ["blocks"] >= 1 and 0 < occ["occupancy"] <= 1
 
 
-# Variants that spilled 4-36 B at an occupancy step under the former plan (4 warps;
-# mixed tiles of 32 rows at every head size): ptxas capped their registers at 96, 128
-# or 168 (the most that still fit one more block per SM) and spilled the rest. On 8
-# warps, with 16-row tiles above head size 64, none sits just above a step.
-FORMER_MICRO_SPILLS = [
+# Variants that spill 4-36 B at an occupancy step on 4 warps with mixed tiles of 32 rows
+# at every head size: ptxas caps their registers at 96, 128 or 168 (the most that still
+# fit one more block per SM) and spills the rest. On 8 warps, with 16-row tiles above
+# head size 64, none sits just above a step.
+FOUR_WARP_STEP_SPILLS = [
     (gv.GpuVariant("decode", 128, 8, "float8_e4m3fn", 64, True, False, 1), "sm_90a"),
     (gv.GpuVariant("mixed", 64, 3, "bfloat16", 16, False, True, 4), "sm_90a"),
     (gv.GpuVariant("decode", 64, 1, "int8", 64, False, False, 1), "sm_80"),
@@ -73,9 +73,9 @@ FORMER_MICRO_SPILLS = [
 ]
 
 
-@pytest.mark.parametrize("v,arch", FORMER_MICRO_SPILLS,
-                         ids=[f"{v.label}-{a}" for v, a in FORMER_MICRO_SPILLS])
-def test_former_micro_spills_compile_clean(v, arch):
+@pytest.mark.parametrize("v,arch", FOUR_WARP_STEP_SPILLS,
+                         ids=[f"{v.label}-{a}" for v, a in FOUR_WARP_STEP_SPILLS])
+def test_four_warp_step_spills_compile_clean_on_8_warps(v, arch):
     res = gc.check(_compile(v, arch), headroom_registers=16)
     assert res.num_warps == 8 and res.spill_stores == 0
 
