@@ -138,12 +138,38 @@ def _print(res) -> None:
               + " ".join(f"{r[c + '_ms']:>7.2f}" for c in CHIPS))
 
 
+def figure(res, variants, failed: int) -> dict:
+    """Registers per thread of each launch on sm_90a and sm_80 (bars, with the
+    headroom line); the VMEM and roofline rows ride along."""
+    def regs(label, arch):
+        return next((r.get("registers") for r in res["triton"]
+                     if r["variant"] == label and r["arch"] == arch), None)
+
+    return dict(
+        title=f"Grouped matmul (Triton): registers per thread per expert launch; "
+              f"{failed} of {len(res['triton']) + len(res['mosaic'])} compiles failed",
+        kind="bars", categories=[f"{v.model.split('-')[0]} {v.proj}" for v in variants],
+        series=[dict(label=arch, values=[regs(v.label, arch) for v in variants])
+                for arch in ("sm_90a", "sm_80")],
+        hlines=[dict(y=239, label="255 - 16: the headroom limit")],
+        ylabel="registers per thread", ylim=[0, 270],
+        commands=["python benchmarks/kernel_bench/grouped_matmul_check.py --json out.json "
+                  "--figure fig.json"],
+        date="2026-12-05",
+        machine="2-core VM shared with other agents, no GPU or TPU (compile only: triton "
+                "3.9.0 / ptxas and libtpu 0.0.42.1); jax 0.10.2",
+        mosaic=[{k: r.get(k) for k in ("variant", "chip", "vmem_needed", "limit", "ok")}
+                for r in res["mosaic"]],
+        roofline=res["roofline"], steps=res["steps"])
+
+
 def main(argv=None) -> int:
     from pagedjax.kernels_pallas.pallas import grouped_matmul_variants as gmv
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--no-tpu", action="store_true", help="skip the Mosaic compiles")
+    ap.add_argument("--figure", help="write a benchmarks/plot.py figure of the results here")
     a = ap.parse_args(argv)
     variants = gmv.variants(TOKENS)
     res = dict(triton=[r for v in variants for r in triton_rows(v)],
@@ -154,6 +180,9 @@ def main(argv=None) -> int:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
     failed = [r for r in res["triton"] + res["mosaic"] if not r["ok"]]
+    if a.figure:
+        with open(a.figure, "w") as f:
+            json.dump(figure(res, variants, len(failed)), f, indent=1)
     print(f"\n{len(failed)} failed")
     return 1 if failed else 0
 

@@ -4,7 +4,7 @@ A variant is the shared attention axes (:mod:`variant_axes`: decode or
 mixed, head size, GQA group, page dtype, page size, window, soft cap) plus
 the Triton kernel's own knobs: KV splits (one, or several: flash-decoding)
 and the block sizes, warps and pipeline stages (None: the kernel's own
-choice, :func:`triton_gpu.plan` / :func:`triton_gpu.launch_config`). Queries
+choice, :func:`triton_gpu.plan` and ``triton_gpu.NUM_WARPS``). Queries
 are bf16, as the engine runs models on a GPU. :func:`call` returns a
 function and ``jax.ShapeDtypeStruct`` arguments for :mod:`gpu_compile`.
 
