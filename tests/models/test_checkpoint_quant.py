@@ -175,9 +175,13 @@ def test_quantization_none_dequantizes_at_load(hf_model, tmp_path_factory):
     folder = write(hf_model, tmp_path_factory, "awq_g32")
     m_q, p_q = models.load_model(folder, dtype="float32")
     m_f, p_f = models.load_model(folder, dtype="float32", quantization="none")
-    assert not m_f.quantized and models.model_weight_bytes(p_f) > 3 * sum(
-        int(np.prod(a.shape)) * a.dtype.itemsize for a in jax.tree_util.tree_leaves(p_q)
-        if a.dtype == jnp.uint8) // 2
+    assert not m_f.quantized and m_q.quantized
+    from flax import nnx
+
+    flat_q, flat_f = (dict(nnx.traversals.flatten_mapping(p)) for p in (p_q, p_f))
+    for path, kind in m_q.quantized.items():  # 32 bits a weight vs 4 + 40 / 32
+        packed = sum(flat_q[path + (c,)].nbytes for c in Q.formats(kind))
+        assert flat_f[path].dtype == jnp.float32 and flat_f[path].nbytes >= 6 * packed, path
     assert_close(our_logits(m_q, p_q, PROMPT), our_logits(m_f, p_f, PROMPT), "none")
     with pytest.raises(ValueError, match="quantization='gptq' needs a checkpoint.*awq"):
         models.load_model(folder, dtype="float32", quantization="gptq")
