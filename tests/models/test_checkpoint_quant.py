@@ -263,3 +263,50 @@ def test_tensor_parallel_needs_whole_groups(hf_model, tmp_path_factory):
         with pytest.raises(ValueError, match="tensor_parallel_size=4: .*o_proj.* 2 groups "
                                              "along its 64 inputs.*divides 2"):
             sharding.check_quantized_groups(m, 4)
+
+
+def _random_components(kind: str, n_in: int, n_out: int, rng) -> dict:
+    """Components [In_c, Out] of ``kind`` with random codes and scales."""
+    base, g, perm = Q.parse_kind(kind) if kind != "fp8" else ("fp8", 0, False)
+    if base == "fp8":
+        q = (rng.standard_normal((n_in, n_out)) * 50).astype(np.float32)
+        comps = {"q": q.astype(jnp.float8_e4m3fn)}
+        if g:
+            comps["s"] = rng.uniform(0.001, 0.01, (n_in // g, n_out)).astype(np.float32)
+        else:
+            comps["scale"] = rng.uniform(0.001, 0.01, n_out).astype(np.float32)
+        return comps
+    comps = {"qs": rng.integers(0, 256, (n_in // 2, n_out)).astype(np.uint8),
+             "s": rng.uniform(-0.05, 0.05, (n_in // g, n_out)).astype(np.float32),
+             "z": rng.integers(0, 17, (n_in // g, n_out)).astype(np.uint8)}
+    if perm:
+        comps["perm"] = rng.permutation(n_in).astype(np.int32)
+    return comps
+
+
+@pytest.mark.parametrize("kind", ["int4_g32", "int4_g128_perm", "fp8", "fp8_g64"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_step_matmul_paths_equal_dequantize_then_dot(kind, dtype):
+    """models/nn.py's qmatmul for the checkpoint kinds: chunks of whole groups dequantized
+    inside a scan (few rows), a whole dequantization (many rows, as under TP), act-order's
+    gather of x, in float32 and in bfloat16 (the GPU/TPU model dtype) -- against the
+    logical weight (perm undone) dequantized and dotted in float64."""
+    from pagedjax.models import nn
+
+    rng = np.random.default_rng(3)
+    n_in, n_out = 1024, 96  # 1024 x 96 f32 > 256 KiB: several chunks
+    comps = _random_components(kind, n_in, n_out, rng)
+    w = np.asarray(Q.dequantize(kind, {k: jnp.asarray(v) for k, v in comps.items()}, 0,
+                                jnp.float32), np.float64)
+    weight = nn.QuantizedWeight(kind, (n_in, n_out), ("mlp", "embed"), 0)
+    for name, v in comps.items():
+        getattr(weight, name)[...] = jnp.asarray(v)
+    tol = 1e-5 if dtype == "float32" else 2e-2
+    for rows in (3, Q.CHUNK_MAX_ROWS + 5):
+        x = rng.standard_normal((rows, n_in)).astype(np.float32)
+        got = jax.jit(lambda x: nn.qmatmul(x, weight, ExecutionPlan()))(
+            jnp.asarray(x, dtype))
+        ref = x.astype(np.float64) @ w
+        bound = tol * (np.abs(x) @ np.abs(w)).max()
+        assert got.dtype == jnp.dtype(dtype)
+        assert np.abs(np.asarray(got, np.float64) - ref).max() <= bound, (kind, rows)
