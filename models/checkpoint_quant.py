@@ -89,7 +89,7 @@ def _int4(method: str, qc: dict) -> Scheme:
         if not qc.get("zero_point", True):
             raise _unsupported("awq zero_point=false")
         return Scheme("awq", group)
-    fmt = str(qc.get("checkpoint_format", "gptq")).lower()
+    fmt = str(qc.get("checkpoint_format") or qc.get("format") or "gptq").lower()
     if fmt not in ("gptq", "gptq_v2"):
         raise _unsupported(f"gptq checkpoint_format={fmt!r}")
     return Scheme("gptq", group, gptq_v1_zeros=fmt == "gptq")

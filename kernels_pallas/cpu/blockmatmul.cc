@@ -35,6 +35,7 @@
 
 #include "blocks.h"
 #include "isa.h"
+#include "matmul_ffi.h"
 #include "parallel.h"
 #include "simd.h"
 #include "tile.h"
@@ -225,7 +226,8 @@ void run_blockmatmul(const std::shared_ptr<BlockWork>& work, int64_t threads,
     pack_x(w);
     w.n_tasks = (w.N + kNC - 1) / kNC;
   }
-  pagedjax_parallel::run(work, threads, w.M * w.K * w.N >= (1 << 16), schedule);
+  pagedjax_parallel::run(work, threads, pagedjax_matmul_ffi::worth_helpers(w.M, w.K, w.N),
+                         schedule);
 }
 
 std::shared_ptr<BlockWork> make_work(const float* x, Comps comps, float* y, int64_t M,
@@ -245,14 +247,13 @@ ffi::Error BlockMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::A
                            ffi::AnyBuffer c1, ffi::AnyBuffer c2, ffi::AnyBuffer c3,
                            ffi::AnyBuffer c4, ffi::Result<ffi::Buffer<ffi::F32>> y,
                            int32_t kind, int32_t transposed, int64_t n_out, int64_t group) {
-  auto xd = x.dimensions(), yd = y->dimensions();
   if (kind < 0 || kind >= pagedjax_blocks::kNumKinds)
     return ffi::Error::InvalidArgument("cpu_blockmatmul: unknown block kind");
-  if (xd.size() != 2 || yd.size() != 2)
-    return ffi::Error::InvalidArgument("cpu_blockmatmul: expected x [M, K] and y [M, N]");
-  const int64_t M = xd[0], K = xd[1], N = n_out;
-  if (yd[0] != M || yd[1] != N || K % pagedjax_blocks::block_of(kind))
-    return ffi::Error::InvalidArgument("cpu_blockmatmul: shapes do not match");
+  int64_t M, K;
+  const int64_t N = n_out;
+  if (!pagedjax_matmul_ffi::xy_shapes(x, y, N, &M, &K) || K % pagedjax_blocks::block_of(kind))
+    return ffi::Error::InvalidArgument("cpu_blockmatmul: expected x [M, K], y [M, N] and K "
+                                       "a multiple of the block");
   if (kind == pagedjax_blocks::kI4 && (group <= 0 || group % 32 || K % group))
     return ffi::Error::InvalidArgument("cpu_blockmatmul: int4 groups must be 32k rows dividing K");
   // Every component must hold exactly its share of the K x N values (blocks.h).
@@ -264,9 +265,9 @@ ffi::Error BlockMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::A
       return ffi::Error::InvalidArgument("cpu_blockmatmul: a component's size does not match");
     comps.c[i] = static_cast<const uint8_t*>(cs[i]->untyped_data());
   }
-  if (M == 0 || N == 0) return ffi::Error::Success();
+  if (pagedjax_matmul_ffi::empty_product(M, K, N, y->typed_data())) return ffi::Error::Success();
   auto work = make_work(x.typed_data(), comps, y->typed_data(), M, K, N, transposed != 0);
-  run_blockmatmul(work, pool.num_threads(), [&pool](auto task) { pool.Schedule(std::move(task)); });
+  run_blockmatmul(work, pool.num_threads(), pagedjax_matmul_ffi::on_pool(pool));
   return ffi::Error::Success();
 }
 
@@ -336,7 +337,7 @@ extern "C" int PagedjaxSelfTest() {
 }
 
 // 1 when the kernel has its vectorized (AVX2 + FMA) register tiles.
-extern "C" int PagedjaxFastBlockMatmul() { return pagedjax_isa::vectorized(); }
+PAGEDJAX_VECTORIZED_ENTRY(PagedjaxFastBlockMatmul)
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PagedjaxBlockMatmul, BlockMatmulImpl,
                               ffi::Ffi::Bind()

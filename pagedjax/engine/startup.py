@@ -96,7 +96,7 @@ def start_cpu_builds(args: EngineArgs) -> None:
     cpu_sampler.load_in_background()
     if args.attention_backend in ("auto", "cpu_native") and args.tensor_parallel_size == 1:
         cpu_native.load_in_background()
-        if args.quantization in (None, "gguf"):  # GGUF blocks may stay quantized
+        if args.quantization in (None, "gguf", "awq", "gptq"):  # blocks or int4 groups kept
             cpu_blockmatmul.load_in_background()
 
 

@@ -15,7 +15,7 @@ if __name__ == "__main__":
     for tp in (1, 2):
         llm = LLM(folder, tokenizer=tokenizer, tensor_parallel_size=tp, num_pages=32,
                   page_size=4, max_model_len=64, max_num_batched_tokens=16,
-                  attention_backend="xla")
+                  attention_backend="auto" if tp == 1 else "xla")
         res = llm.generate([[1, 17, 300, 41, 99, 7], [5, 6, 7]],
                            SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True,
                                           logprobs=1), use_tqdm=False)
