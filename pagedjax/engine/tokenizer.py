@@ -111,6 +111,27 @@ def load_tokenizer(path_or_dir: Union[str, os.PathLike], gguf_file: Optional[str
     return tok
 
 
+def load_tokenizer_in_background(path_or_dir: Union[str, os.PathLike], **kwargs):
+    """:func:`load_tokenizer` on a daemon thread, started now: the engine loads
+    the model meanwhile (importing transformers and reading the tokenizer is
+    Python work; the weights' reading and placing mostly runs outside the GIL).
+    Returns a future: ``.result()`` is the tokenizer, or raises what loading it
+    raised."""
+    from concurrent.futures import Future
+    import threading
+
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(load_tokenizer(path_or_dir, **kwargs))
+        except BaseException as e:  # noqa: BLE001 - handed to whoever waits for it
+            future.set_exception(e)
+
+    threading.Thread(target=run, name="pagedjax-tokenizer", daemon=True).start()
+    return future
+
+
 # ----------------------------------------------------------------------------- GGUF
 #
 # A GGUF carries no tokenizer.json: llama.cpp stores the vocabulary, merges,
