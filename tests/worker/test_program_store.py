@@ -19,11 +19,19 @@ from pagedjax.worker import program_store
 
 @pytest.fixture
 def store(tmp_path):
+    """A store folder, with JAX's own persistent cache off: a program JAX read back
+    from it is not stored, and tests earlier in the session may have filled it."""
+    from jax.experimental.compilation_cache import compilation_cache as cc
+
+    jax.config.update("jax_enable_compilation_cache", False)
+    cc.reset_cache()
     program_store.set_root(str(tmp_path))
     before = dict(program_store.counts)
     yield tmp_path
     program_store.set_root(None)
     program_store.counts.update(before)
+    jax.config.update("jax_enable_compilation_cache", True)
+    cc.reset_cache()
 
 
 def _traced_fn():
