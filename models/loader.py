@@ -8,7 +8,8 @@ serves both formats. No torch anywhere.
 * Safetensors are memory-mapped and parsed here (8-byte header length, JSON
   header, raw little-endian data); ``bfloat16`` and ``float8`` come from
   ``ml_dtypes``. Single files and sharded ``model.safetensors.index.json``.
-* GGUF tensors are dequantized with ``gguf.quants.dequantize`` on demand;
+* GGUF headers are read by ``gguf_file.GGUFFile``; tensors are dequantized
+  with ``gguf.quants.dequantize`` on demand;
   llama.cpp's rotary permutation of Llama q/k weights is undone; the config is
   rebuilt from the GGUF metadata.
 """
@@ -217,10 +218,7 @@ _GGUF_TOP_NAMES = {
 
 
 def _field(reader, key, default=None):
-    f = reader.fields.get(key)
-    if f is None:
-        return default
-    return f.contents()
+    return reader.metadata.get(key, default)
 
 
 def hf_to_gguf_name(name: str, arch: str = "llama") -> str:
@@ -248,14 +246,14 @@ def _unpermute_rotary(w: np.ndarray, n_head: int) -> np.ndarray:
 
 @functools.lru_cache(maxsize=2)
 def _cached_reader(path: str, mtime_ns: int, size: int):
-    import gguf  # the reader needs only numpy
+    from pagedjax.models.gguf_file import GGUFFile
 
-    return gguf.GGUFReader(path)
+    return GGUFFile(path)
 
 
 def gguf_reader(path: str):
-    """A (cached) ``gguf.GGUFReader``: parsing a file's metadata takes seconds, so
-    resolving a model and then loading it parses once."""
+    """The (cached) header of a GGUF file (``gguf_file.GGUFFile``): resolving a
+    model and then loading it parse it once."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: GGUF file not found")
     st = os.stat(path)

@@ -40,7 +40,7 @@ import urllib.request
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from benchmarks import machine  # noqa: E402
+from pagedjax.benchmarks import machine  # noqa: E402
 
 DEFAULT_JSON = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results",
                             "first_token.json")
@@ -50,17 +50,23 @@ PROMPT = "The capital of France is"
 # Offline: LLM() then a 1-token greedy generate. Run with ``python -c`` from the
 # cache folder, so that the interpreter's own pagedjax is imported, never this
 # checkout's.
+# argv[1]: LLM(...) settings as JSON; argv[2]: "json" for a JSON-schema constrained
+# first request (structured outputs), else a plain one.
 CHILD = """
-import json, time
+import json, sys, time
 t0 = time.time()
 from pagedjax import LLM, SamplingParams
 from pagedjax.worker.runner import CompileCounter
 CompileCounter.install()
 t1 = time.time()
-llm = LLM()
+llm = LLM(**json.loads(sys.argv[1]))
 t2 = time.time()
 c, h = CompileCounter.count, CompileCounter.cache_hits
-llm.generate([%r], SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
+kw = {}
+if sys.argv[2] == "json":
+    from pagedjax.sampling_params import StructuredOutputsParams
+    kw["structured_outputs"] = StructuredOutputsParams(json={"type": "object"})
+llm.generate([%r], SamplingParams(temperature=0.0, max_tokens=1, **kw), use_tqdm=False)
 t3 = time.time()
 cpu = time.process_time()
 n, m = CompileCounter.count - c, CompileCounter.cache_hits - h
@@ -77,9 +83,10 @@ def _env(cache: str) -> dict:
     return env
 
 
-def offline(python: str, cache: str, timeout: float) -> dict:
+def offline(python: str, cache: str, timeout: float, engine_args: str = "{}",
+            first: str = "plain") -> dict:
     start = time.time()
-    r = subprocess.run([python, "-c", CHILD], env=_env(cache), cwd=cache,
+    r = subprocess.run([python, "-c", CHILD, engine_args, first], env=_env(cache), cwd=cache,
                        capture_output=True, text=True, timeout=timeout)
     if r.returncode != 0:
         raise RuntimeError(f"offline run failed (exit {r.returncode}):\n{r.stderr[-3000:]}")
@@ -94,7 +101,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def server(python: str, cache: str, timeout: float) -> dict:
+def server(python: str, cache: str, timeout: float, engine_args: str = "{}",
+           first: str = "plain") -> dict:
+    if engine_args != "{}" or first != "plain":
+        raise ValueError("--engine-args and --first apply to the offline case only")
     port = _free_port()
     log = tempfile.NamedTemporaryFile("w+", prefix="first-token-server-", suffix=".log")
     start = time.time()
@@ -156,7 +166,7 @@ def run(ns: argparse.Namespace) -> dict:
                 folder = tempfile.mkdtemp(prefix="pagedjax-first-token-")
                 try:
                     for temp in ("cold", "warm"):
-                        out = fn(py, folder, ns.timeout)
+                        out = fn(py, folder, ns.timeout, ns.engine_args, ns.first)
                         out["loadavg"] = os.getloadavg()
                         results[label].setdefault(f"{case} {temp}", []).append(out)
                         print(f"round {rnd + 1} {label:>8} {case} {temp}: "
@@ -191,7 +201,14 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", default="offline,server")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per run")
     ap.add_argument("--json", default=DEFAULT_JSON)
+    ap.add_argument("--engine-args", default="{}",
+                    help='offline only: LLM(...) settings as JSON, e.g. \'{"enable_lora": true}\' '
+                         "or '{\"tensor_parallel_size\": 3}' (with XLA_FLAGS="
+                         "--xla_force_host_platform_device_count=3 on the CPU)")
+    ap.add_argument("--first", choices=("plain", "json"), default="plain",
+                    help="offline only: the first request plain or JSON-schema constrained")
     ns = ap.parse_args(argv)
+    json.loads(ns.engine_args)
     ns.cases = [c.strip() for c in ns.cases.split(",")]
     if not set(ns.cases) <= {"offline", "server"} or ns.rounds < 1:
         ap.error("--cases: offline and/or server; --rounds: at least 1")
@@ -200,7 +217,8 @@ def main(argv=None) -> int:
     print(machine.describe(machine.machine()))
     os.makedirs(os.path.dirname(os.path.abspath(ns.json)), exist_ok=True)
     with open(ns.json, "w") as f:
-        json.dump({**res, "machine": machine.machine(), "argv": sys.argv[1:]}, f, indent=1)
+        json.dump({**res, "machine": machine.machine(), "argv": sys.argv[1:],
+                   "xla_flags": os.environ.get("XLA_FLAGS", "")}, f, indent=1)
     return 0
 
 

@@ -111,4 +111,7 @@ def enable(root: str | None = None) -> str | None:
         logger.warning("this jax has no persistent compilation cache; every start compiles")
         return None
     _active = path
+    from pagedjax.worker import program_store
+
+    program_store.set_root(path)
     return path

@@ -69,6 +69,9 @@ class LLMEngine:
                 f"device of every process; set tensor_parallel_size={jax.device_count()} "
                 "(jax.device_count())")
         self.quantization = weight_quantization(args, self.resolved)
+        tok_src = args.tokenizer or self.resolved.tokenizer_source
+        tok_kwargs = {} if args.tokenizer else dict(self.resolved.tokenizer_kwargs)
+        tokenizer = tok_mod.load_tokenizer_in_background(tok_src, **tok_kwargs)  # beside the load
         if args.tensor_parallel_size > 1:
             from pagedjax.distributed import sharding
 
@@ -90,9 +93,7 @@ class LLMEngine:
         self.info = info
         # Bytes of the weights as they sit on the device(s) (quantized stays quantized).
         self.weight_bytes = models.model_weight_bytes(self.params)
-        tok_src = args.tokenizer or self.resolved.tokenizer_source
-        tok_kwargs = {} if args.tokenizer else dict(self.resolved.tokenizer_kwargs)
-        self.tokenizer = tok_mod.load_tokenizer(tok_src, **tok_kwargs)
+        self.tokenizer = tokenizer.result()
         self.config = cfg = resolve_config(args, info, self.mesh)
         pool_dtype = None if args.kv_cache_dtype == "auto" else cfg.kv_cache_dtype
         layout = cfg.kv_layout

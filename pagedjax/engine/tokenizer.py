@@ -111,6 +111,27 @@ def load_tokenizer(path_or_dir: Union[str, os.PathLike], gguf_file: Optional[str
     return tok
 
 
+def load_tokenizer_in_background(path_or_dir: Union[str, os.PathLike], **kwargs):
+    """:func:`load_tokenizer` on a daemon thread, started now: the engine loads
+    the model meanwhile (importing transformers and reading the tokenizer is
+    Python work; the weights' reading and placing mostly runs outside the GIL).
+    Returns a future: ``.result()`` is the tokenizer, or raises what loading it
+    raised."""
+    from concurrent.futures import Future
+    import threading
+
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(load_tokenizer(path_or_dir, **kwargs))
+        except BaseException as e:  # noqa: BLE001 - handed to whoever waits for it
+            future.set_exception(e)
+
+    threading.Thread(target=run, name="pagedjax-tokenizer", daemon=True).start()
+    return future
+
+
 # ----------------------------------------------------------------------------- GGUF
 #
 # A GGUF carries no tokenizer.json: llama.cpp stores the vocabulary, merges,
@@ -130,9 +151,6 @@ def load_tokenizer(path_or_dir: Union[str, os.PathLike], gguf_file: Optional[str
 # Token types (llama.cpp): 1 normal, 2 unknown, 3 control, 4 user-defined,
 # 5 unused, 6 byte.
 
-_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?",
-                 10: "Q", 11: "q", 12: "d"}
-_GGUF_STRING, _GGUF_ARRAY = 8, 9
 _CONTROL, _USER_DEFINED = 3, 4
 _SPIECE = "\u2581"
 
@@ -164,53 +182,11 @@ _GEMMA_ARCHS = ("gemma", "gemma2", "gemma3")
 
 def read_gguf_metadata(path: Union[str, os.PathLike]) -> dict:
     """The key/value metadata of a GGUF file (v2/v3, little-endian), as Python
-    values; tensor infos and data are not read. Much faster than
-    ``gguf.GGUFReader``, which also maps every tensor."""
-    import mmap
-    import struct
+    values (``pagedjax.models.gguf_file``; the header is parsed once per file
+    and process, shared with the model's loading)."""
+    from pagedjax.models.loader import gguf_reader
 
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        if buf[:4] != b"GGUF":
-            raise ValueError(f"{path}: not a GGUF file")
-        version, _, n_kv = struct.unpack_from("<IQQ", buf, 4)
-        if version not in (2, 3):
-            raise ValueError(f"{path}: GGUF version {version} is not supported (v2/v3 little-endian)")
-        pos = 24
-
-        def string():
-            nonlocal pos
-            (n,) = struct.unpack_from("<Q", buf, pos)
-            s = buf[pos + 8:pos + 8 + n].decode("utf-8", errors="replace")
-            pos += 8 + n
-            return s
-
-        def value(vtype):
-            nonlocal pos
-            if vtype == _GGUF_STRING:
-                return string()
-            if vtype == _GGUF_ARRAY:
-                etype, count = struct.unpack_from("<IQ", buf, pos)
-                pos += 12
-                if etype in _GGUF_SCALARS:
-                    fmt = f"<{count}{_GGUF_SCALARS[etype]}"
-                    out = list(struct.unpack_from(fmt, buf, pos))
-                    pos += struct.calcsize(fmt)
-                    return out
-                return [value(etype) for _ in range(count)]
-            if vtype not in _GGUF_SCALARS:
-                raise ValueError(f"{path}: unknown GGUF value type {vtype}")
-            fmt = "<" + _GGUF_SCALARS[vtype]
-            (v,) = struct.unpack_from(fmt, buf, pos)
-            pos += struct.calcsize(fmt)
-            return v
-
-        meta = {}
-        for _ in range(n_kv):
-            key = string()
-            (vtype,) = struct.unpack_from("<I", buf, pos)
-            pos += 4
-            meta[key] = value(vtype)
-    return meta
+    return dict(gguf_reader(str(path)).metadata)
 
 
 def _derive_merges(vocab: dict[str, int], scores: dict[str, float]) -> list[tuple[str, str]]:

@@ -39,6 +39,7 @@ from pagedjax.worker.inputs import (  # noqa: F401
 )
 from pagedjax.worker.packing import PackSpec, pack, unpack
 from pagedjax.worker.page_table import PageTables
+from pagedjax.worker import program_store
 from pagedjax.sample.sampler import RowState
 from pagedjax.sample.metadata import StaticColumns
 from pagedjax.utils import cdiv
@@ -93,8 +94,8 @@ class ModelLaunched:
 
 class CompileCounter:
     """Counts programs obtained from XLA (``count``: compiled or read back from the
-    persistent compilation cache), those read back (``cache_hits``) and so those
-    actually compiled (:meth:`compiled`), process-wide."""
+    persistent compilation cache or the program store), those read back
+    (``cache_hits``) and so those actually compiled (:meth:`compiled`), process-wide."""
 
     _installed = False
     count = 0
@@ -119,8 +120,14 @@ class CompileCounter:
             if event == "/jax/compilation_cache/cache_hits":
                 cls.cache_hits += 1
 
+        def loaded(name: str) -> None:  # a whole program from program_store.py
+            if name == "loaded":
+                cls.count += 1
+                cls.cache_hits += 1
+
         jax.monitoring.register_event_duration_secs_listener(listener)
         jax.monitoring.register_event_listener(hits)
+        program_store.listeners.append(loaded)
 
 
 class Runner:
@@ -180,11 +187,19 @@ class Runner:
             rep, kv_sh = step_shardings(self.mesh, kv_caches)
             step_out, copy_out = (rep, rep, kv_sh), kv_sh
         self.logits_sharding = step_out[0] if step_out else None  # as the step returns them
-        self._step = jax.jit(self._step_impl, static_argnames=("spec", "plan", "prompt_k", "pool"),
-                             donate_argnums=(1,), out_shardings=step_out)
-        self._sample = jax.jit(self._sample_impl,
-                               static_argnames=("spec", "num_logprobs", "backend"))
-        self._copy = jax.jit(self._copy_impl, donate_argnums=(0,), out_shardings=copy_out)
+        # Kept whole on disk (program_store.py): a warm start neither traces nor lowers.
+        # Besides its arguments, the step depends on the model; the sampler also
+        # on s_max (its tokens' width).
+        model_fp = program_store.model_fingerprint(model)
+        self._step = program_store.StoredJit(
+            jax.jit(self._step_impl, static_argnames=("spec", "plan", "prompt_k", "pool"),
+                    donate_argnums=(1,), out_shardings=step_out), "step", model_fp, fixed=2)
+        self._sample = program_store.StoredJit(
+            jax.jit(self._sample_impl, static_argnames=("spec", "num_logprobs", "backend")),
+            "sample", (model_fp, self.s_max))
+        self._copy = program_store.StoredJit(
+            jax.jit(self._copy_impl, donate_argnums=(0,), out_shardings=copy_out), "copy", (),
+            fixed=1)
         self._logits = None  # the logits head alone (logits_of), made on first use
         # Vision-language models: the encoder and image-row programs (mm_programs.py);
         # example encoder data per patch bucket, for warm-up (set by the engine).
@@ -446,7 +461,7 @@ class Runner:
         if self.images is not None:  # as _run_model passes them
             args += (self.images.step_inputs((), len(batch.token_ids)),)
         kw = dict(spec=bspec, plan=self.plan, prompt_k=prompt_k)
-        return ("model", bspec, prompt_k), lambda: self._step.lower(*args, **kw).compile()
+        return ("model", bspec, prompt_k), lambda: self._step.compile(*args, **kw)
 
     def sampler_compile_job(self, num_logits: int, st, num_logprobs):
         """(key, job) for the sampler program of ``num_logits`` logits rows and the
@@ -458,15 +473,14 @@ class Runner:
         logits = jax.ShapeDtypeStruct((num_logits, self.vocab_size), jnp.float32,
                                       sharding=self.logits_sharding)
         key = ("sampler", num_logits, sspec, num_logprobs)
-        return key, lambda: self._sample.lower(logits, sbufs, spec=sspec,
-                                               num_logprobs=num_logprobs,
-                                               backend=backend).compile()
+        return key, lambda: self._sample.compile(logits, sbufs, spec=sspec,
+                                                 num_logprobs=num_logprobs, backend=backend)
 
     def copy_compile_job(self, num_copies: int):
         """(key, job) for the page-copy program of up to ``num_copies`` copies."""
         n = pow2(num_copies, 8)
         idx = np.zeros(n, np.int32)
-        return ("copy", n), lambda: self._copy.lower(self.kv_caches, idx, idx).compile()
+        return ("copy", n), lambda: self._copy.compile(self.kv_caches, idx, idx)
 
 
 def make_plan(attn_backend: str, mesh=None, expert_parallel: bool = False,

@@ -14,6 +14,7 @@ import sys
 
 def main(model: str, tokenizer: str, cache: str, max_num_seqs: int) -> dict:
     from pagedjax import LLM, SamplingParams
+    from pagedjax.worker import program_store
     from pagedjax.worker.runner import CompileCounter
 
     CompileCounter.install()
@@ -32,6 +33,7 @@ def main(model: str, tokenizer: str, cache: str, max_num_seqs: int) -> dict:
             "warmup": {"compiled": warmed[0] - loaded[0], "read_back": warmed[1] - loaded[1]},
             "generate": {"compiled": CompileCounter.compiled() - warmed[0],
                          "read_back": CompileCounter.cache_hits - warmed[1]},
+            "store": dict(program_store.counts),
             "tokens": [list(o.outputs[0].token_ids) for o in outs],
             "logprobs": [[lp[t].logprob for lp, t in zip(o.outputs[0].logprobs,
                                                          o.outputs[0].token_ids)]

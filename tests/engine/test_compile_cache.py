@@ -51,6 +51,16 @@ def test_second_process_on_the_same_cache_compiles_nothing(starts):
     assert second["tokens"] == first["tokens"] and second["logprobs"] == first["logprobs"]
 
 
+def test_second_process_traces_no_step_program(starts):
+    """The runner's programs come back whole from the program store: the second
+    start traces and lowers none of them (the first traced and stored each)."""
+    first, second = starts["first"], starts["second"]
+    assert first["store"]["lowered"] > 0 and first["store"]["stored"] == first["store"]["lowered"]
+    assert first["store"]["loaded"] == 0
+    assert second["store"]["lowered"] == 0 and second["store"]["stored"] == 0
+    assert second["store"]["loaded"] == first["store"]["stored"]
+
+
 def test_changed_setting_reads_no_incompatible_entry(starts):
     changed, fresh = starts["changed"], starts["fresh"]
     # max_num_seqs 8 adds row buckets: their programs are not in the cache and
@@ -63,6 +73,12 @@ def test_changed_setting_reads_no_incompatible_entry(starts):
     assert (changed["warmup"]["compiled"] + changed["warmup"]["read_back"]
             == fresh["warmup"]["compiled"])
     assert changed["tokens"] == fresh["tokens"] and changed["logprobs"] == fresh["logprobs"]
+    # The program store: the programs max_num_seqs changes (the steps' token
+    # source, the sampler's rows) are traced again; only those whose key is the
+    # same (the page copies: same pool, same index widths) are loaded.
+    assert changed["store"]["lowered"] > 0
+    assert changed["store"]["loaded"] < changed["store"]["lowered"]
+    assert changed["store"]["lowered"] + changed["store"]["loaded"] == fresh["store"]["lowered"]
 
 
 def test_namespace_separates_machines_and_versions():

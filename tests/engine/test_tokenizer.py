@@ -262,3 +262,18 @@ def test_gguf_tokenizer_loads_without_torch(smollm2_gguf, tmp_path, tok):
     assert out["chat"] == tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
     assert not out["torch"]
     assert list((tmp_path / "cache" / "tokenizers").glob("*/tokenizer.json"))
+
+
+def test_background_load_gives_the_same_tokenizer_and_its_errors(smollm2_gguf, tok, tmp_path,
+                                                                 monkeypatch):
+    """The engine loads the tokenizer on a thread beside the weights: the future
+    holds what load_tokenizer returns, or raises what it raised."""
+    from pagedjax.engine.tokenizer import load_tokenizer_in_background
+
+    monkeypatch.setenv("PAGEDJAX_CACHE", str(tmp_path))
+    future = load_tokenizer_in_background(smollm2_gguf)
+    got = future.result(timeout=300)
+    assert got.encode(TEXTS[1]) == tok.encode(TEXTS[1])
+    missing = load_tokenizer_in_background(str(tmp_path / "absent"), gguf_file="x.gguf")
+    with pytest.raises(ValueError, match="GGUF file not found"):
+        missing.result(timeout=60)
