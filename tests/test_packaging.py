@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -63,8 +64,13 @@ def test_non_editable_install_in_a_fresh_venv(tmp_path):
     """A wheel of the repository, installed into a fresh virtual environment, imports
     from there (not from the checkout) with the C++ sources and the shipped bench."""
     wheels = tmp_path / "wheels"
+    # Built from a copy without the checkout's build/ folder: setuptools would reuse
+    # its stale modules (a file deleted from the tree would still ship).
+    src = tmp_path / "src"
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(
+        "build", ".venv", ".git", "*.egg-info", "__pycache__", "results", "node_modules"))
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels),
-                           REPO], capture_output=True, text=True, timeout=600)
+                           str(src)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     wheel = glob.glob(str(wheels / "pagedjax-*.whl"))
     assert len(wheel) == 1

@@ -113,5 +113,9 @@ def enable(root: str | None = None) -> str | None:
     _active = path
     from pagedjax.worker import program_store
 
-    program_store.set_root(path)
+    # Whole programs on disk (program_store.py) skip tracing on a warm start, but on
+    # XLA:CPU an executable serialized in a process that compiled other programs
+    # before may reference kernels it does not carry ("Function ... not found" when a
+    # later process runs it), so the store is opt-in until that is solved.
+    program_store.set_root(path if program_store.enabled_by_env() else None)
     return path

@@ -84,6 +84,15 @@ def _jax_cache_hit(event: str, **_: Any) -> None:
         _thread.jax_hits = getattr(_thread, "jax_hits", 0) + 1
 
 
+ENV = "PAGEDJAX_PROGRAM_STORE"
+
+
+def enabled_by_env() -> bool:
+    """Whether ``PAGEDJAX_PROGRAM_STORE=1`` asks for the store (off by default: see
+    engine/compile_cache.py for why)."""
+    return os.environ.get(ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def set_root(path: str | None) -> None:
     """Keep programs under ``path`` (None: keep none); engine/compile_cache.py sets it."""
     global _root, _listening

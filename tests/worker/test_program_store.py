@@ -45,6 +45,12 @@ def _traced_fn():
     return f, traces
 
 
+
+@pytest.fixture(autouse=True)
+def _store_on(monkeypatch):
+    """The store is opt-in (engine/compile_cache.py says why); these tests turn it on."""
+    monkeypatch.setenv(program_store.ENV, "1")
+
 def _wrapper(context="ctx"):
     f, traces = _traced_fn()
     jit = jax.jit(f, static_argnames=("scale",), donate_argnums=(1,))
