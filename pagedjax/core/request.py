@@ -38,6 +38,8 @@ Fields the scheduler and the page pool keep on a request:
     block_hashes          prefix-cache hashes of full token blocks (content
                           only, so they survive preemption and forks)
     num_registered_pages  how many leading pages were offered to the cache
+    num_pages_sent        leading pages of page_ids unchanged since its latest
+                          row (the rest go out in the next row's new_page_ids)
     first_scheduled       set on first admission (num_cached_tokens is
                           recorded then, not again after a preemption)
     max_num_tokens        prompt + outputs at which it finishes with 'length'
@@ -106,6 +108,7 @@ class Request:
                  "output_token_ids", "num_computed_tokens", "status", "page_ids",
                  "finish_reason", "stop_reason", "num_preemptions", "num_cached_tokens",
                  "parent_id", "sample_index", "block_hashes", "num_registered_pages",
+                 "num_pages_sent",
                  "first_scheduled", "num_pending", "spec_token_ids", "waiting_seq",
                  "max_num_tokens", "_finishers", "mm_items")
 
@@ -149,6 +152,7 @@ class Request:
         self.sample_index = 0
         self.block_hashes: list[int] = []
         self.num_registered_pages = 0
+        self.num_pages_sent = 0
         self.first_scheduled = False
         self.num_pending = 0  # sampled tokens scheduled but not yet known (placeholders)
         # Speculative decoding: tokens proposed for the next step (serial steps only),

@@ -3,10 +3,15 @@
 Contract with the engine
 * ScheduledRow.page_ids is the request's own page list (not a copy: copying it
   per row per step was measurable), covering the row. Read it before the next
-  schedule(), which may extend it. A list only ever grows in place: anything
-  else (copy-on-write, a rolled-back speculation, preemption, a fork) gives the
-  request a new list, so a reader that kept a list and its length knows it is
-  unchanged when both match (``page_table.PageTables`` relies on this).
+  schedule(), which may edit it.
+* Each row also says how the sequence's page list changed since the sequence's
+  previous row: its first ``page_start`` pages are unchanged, and the rest of
+  the list is ``new_page_ids`` (the pages gained, or after copy-on-write, a
+  rolled-back speculation or preemption, the list from the first page that
+  changed). A new sequence's first row (and a preempted one's next) has
+  ``page_start == 0``. A worker that applies every row's change in order holds
+  each sequence's page list (``worker/input_batch.py``); rows built by hand may
+  leave ``new_page_ids`` None: the whole list is new.
 * page_copies (src, dst) have distinct dst pages, and no src is the dst of
   an EARLIER copy, so applying them in order and applying them all at once
   (`kv.at[:, dst].set(kv[:, src])`, gather before scatter) agree.  A src may
@@ -40,6 +45,8 @@ class ScheduledRow:
     page_ids: list[int]   # the request's page list (valid until the next schedule())
     num_samples: int = 1  # 0: mid-prompt chunk; n: fork a parallel-sampling request
     num_spec: int = 0     # proposed tokens at the end of token_ids (speculative decoding)
+    page_start: int = 0   # page_ids[:page_start] unchanged since the sequence's previous row
+    new_page_ids: list[int] | None = None  # page_ids[page_start:]; None: all of page_ids is new
 
     @property
     def num_new_tokens(self) -> int:
