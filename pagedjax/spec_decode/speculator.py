@@ -109,7 +109,7 @@ class Speculator:
         """Run the step: ordinary sampling when nothing was proposed, else verification.
         ``forks`` and ``grammar_bits``: as ``Runner.launch`` takes them. (A draft model
         proposes without LoRA adapters; the target verifies with them.)"""
-        sample_rows = self.runner.sample_rows(sched.rows, forks, grammar_bits)
+        sample_rows = self.runner.input_batch.sample_rows(sched.rows, forks, grammar_bits)
         q = None
         if self.draft is not None:
             q = self.draft.run(sched, sample_rows)  # fills the rows' proposal tokens

@@ -34,8 +34,11 @@ import numpy as np
 
 from pagedjax.sample.metadata import (RowState, SamplingColumns, SamplingTensors, static_row,
                                       static_columns, tensors_from_columns)
+from pagedjax.worker.inputs import SampleRow, sampling_rows_padded
 from pagedjax.worker.page_table import PageTable
 
+_num_samples = operator.attrgetter("num_samples")
+_num_spec = operator.attrgetter("num_spec")
 _new_page_ids = operator.attrgetter("new_page_ids")
 _page_start = operator.attrgetter("page_start")
 
@@ -171,6 +174,50 @@ class InputBatch:
             for i, new in enumerate(news):
                 if new is None:
                     table.set_row(int(idx[i]), rows[i].page_ids, rows[i].request_id)
+
+    def sampling_layout(self, rows, idx: np.ndarray, kv_lens: np.ndarray, s: int,
+                        forks: Sequence[tuple[int, int]]):
+        """Where a step's sampling rows come from, for scheduled ``rows`` (batch rows
+        ``idx``, ``kv_lens``: each row's end, S: the step's row bucket): (the batch
+        rows of the step rows that sample, their seed counters padded to R, the fork
+        rows (batch row, sample index), sample_index i32[R])."""
+        n = len(rows)
+        nsamp = np.fromiter(map(_num_samples, rows), np.int64, n)
+        sampling = np.flatnonzero(nsamp) if not nsamp.all() else np.arange(n)
+        first = idx[sampling]
+        n1 = len(sampling)
+        r_pad = sampling_rows_padded(n1 + len(forks), s)
+        counter = np.zeros(r_pad, np.int32)
+        # Tokens before the sampled one: the row's end, less its proposals, less the prompt.
+        nspec = np.fromiter(map(_num_spec, rows), np.int64, n)
+        counter[:n1] = (kv_lens[sampling] - nspec[sampling]) - self._columns["num_prompt"][first]
+        sample_index = np.zeros(r_pad, np.int32)
+        sample_index[:n1] = sampling
+        sample_index[n1:n1 + len(forks)] = [i for i, _ in forks]
+        fork_rows = [(int(idx[i]), j) for i, j in forks]
+        return first, counter, fork_rows, sample_index
+
+    def sample_rows(self, rows, forks: Sequence[tuple[int, int]] = (),
+                    grammar_bits: dict[int, Any] | None = None) -> list[SampleRow]:
+        """A step's sampling rows with explicit states (speculative decoding verifies
+        with them): each sampling row's first
+        sample, then ``forks`` ((row index, sample index) of n > 1 prompts' other
+        samples)."""
+        ib, bits = self, grammar_bits or {}
+        out = []
+        for i, r in enumerate(rows):
+            if not r.num_samples:
+                continue
+            b = ib.index[r.request_id]
+            num = r.start_pos + len(r.token_ids) - r.num_spec - int(self._columns["num_prompt"][b])
+            out.append(SampleRow(r.request_id, i, ib.row_state(b, num, bits.get(len(out))),
+                                 ib.most_logprobs(np.array([b]))))
+        for i, j in forks:
+            b = ib.index[rows[i].request_id]
+            out.append(SampleRow(rows[i].request_id, i,
+                                 ib.row_state(b, 0, bits.get(len(out)), index=j, fork=True),
+                                 ib.most_logprobs(np.array([b]))))
+        return out
 
     def row_state(self, row: int, num_outputs: int, grammar_bits: Any = None,
                   index: int | None = None, fork: bool = False) -> RowState:

@@ -44,7 +44,6 @@ from pagedjax.worker.inputs import (
     pow2,
     prepare,
     prepare_explicit,
-    sampling_rows_padded,
 )
 from pagedjax.worker.packing import PackSpec, pack, unpack
 from pagedjax.worker.plan import CompileCounter
@@ -55,8 +54,6 @@ from pagedjax.utils import cdiv
 STEPS_KEPT = 1 << 16
 
 _request_id = operator.attrgetter("request_id")
-_num_samples = operator.attrgetter("num_samples")
-_num_spec = operator.attrgetter("num_spec")
 
 class Runner:
     """Owns params, the KV pool and the compiled step."""
@@ -227,49 +224,6 @@ class Runner:
                                prompt_lp=prompt_lp, prompt_tokens=ib.prompt_of, lora_slots=lora)
         return batch, shape, idx
 
-    def _step_sampling(self, rows, idx: np.ndarray, kv_lens: np.ndarray, s: int,
-                       forks: Sequence[tuple[int, int]]):
-        """Where a step's sampling rows come from: (the batch rows of the step rows
-        that sample, their seed counters padded to R, the fork rows (batch row,
-        sample index), sample_index i32[R])."""
-        n = len(rows)
-        nsamp = np.fromiter(map(_num_samples, rows), np.int64, n)
-        sampling = np.flatnonzero(nsamp) if not nsamp.all() else np.arange(n)
-        first = idx[sampling]
-        n1 = len(sampling)
-        r_pad = sampling_rows_padded(n1 + len(forks), s)
-        counter = np.zeros(r_pad, np.int32)
-        # Tokens before the sampled one: the row's end, less its proposals, less the prompt.
-        nspec = np.fromiter(map(_num_spec, rows), np.int64, n)
-        counter[:n1] = (kv_lens[sampling] - nspec[sampling]) - self.input_batch.num_prompt[first]
-        sample_index = np.zeros(r_pad, np.int32)
-        sample_index[:n1] = sampling
-        sample_index[n1:n1 + len(forks)] = [i for i, _ in forks]
-        fork_rows = [(int(idx[i]), j) for i, j in forks]
-        return first, counter, fork_rows, sample_index
-
-    def sample_rows(self, rows, forks: Sequence[tuple[int, int]] = (),
-                    grammar_bits: dict[int, Any] | None = None) -> list[SampleRow]:
-        """A step's sampling rows with explicit states, built from the persistent
-        batch (speculative decoding verifies with them): each sampling row's first
-        sample, then ``forks`` ((row index, sample index) of n > 1 prompts' other
-        samples)."""
-        ib, bits = self.input_batch, grammar_bits or {}
-        out = []
-        for i, r in enumerate(rows):
-            if not r.num_samples:
-                continue
-            b = ib.index[r.request_id]
-            num = r.start_pos + len(r.token_ids) - r.num_spec - int(ib.num_prompt[b])
-            out.append(SampleRow(r.request_id, i, ib.row_state(b, num, bits.get(len(out))),
-                                 ib.most_logprobs(np.array([b]))))
-        for i, j in forks:
-            b = ib.index[rows[i].request_id]
-            out.append(SampleRow(rows[i].request_id, i,
-                                 ib.row_state(b, 0, bits.get(len(out)), index=j, fork=True),
-                                 ib.most_logprobs(np.array([b]))))
-        return out
-
     def launch(self, rows, *, forks: Sequence[tuple[int, int]] = (),
                grammar_bits: dict[int, Any] | None = None,
                prompt_lp: dict[str, int] | None = None, prev: Launched | None = None,
@@ -286,7 +240,7 @@ class Runner:
         prompt_lp = prompt_lp or {}
         ib = self.input_batch
         batch, shape, idx = self.prepare_step(rows, prompt_lp, prev is not None)
-        first, counter, fork_rows, sample_index = self._step_sampling(
+        first, counter, fork_rows, sample_index = ib.sampling_layout(
             rows, idx, batch.meta.kv_lens, shape[1], forks)
         ib.sample_pos[first] = np.arange(len(first), dtype=np.int32)
         sampling = ib.step_sampling(first, counter, fork_rows, grammar_bits or {},
