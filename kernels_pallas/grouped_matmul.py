@@ -20,9 +20,9 @@ compiled program; the group sizes are data):
              weight in place: at most ceil(M / block) + min(G, M) blocks, each
              weight read once per block of its rows.
 
-``pallas``   the ``blocked`` layout with one Pallas program per block (grid over blocks,
-             each reading its group's weight; ``kernels_pallas/pallas/grouped_matmul.py``),
-             interpret mode on CPU.
+``pallas``   the ``blocked`` layout with one Pallas program per block and weight tile
+             (``kernels_pallas/pallas/grouped_matmul.py``: Triton on GPU, Mosaic on
+             TPU, each compile-checked at real expert shapes; interpret mode on CPU).
 
 ``auto``: ``ragged`` on TPU, else ``gather`` up to ``gather_rows`` rows, else ``blocked``.
 """

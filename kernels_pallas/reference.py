@@ -5,7 +5,10 @@ Contract (shared by every backend in this package):
     q           [T, Hq, D]            new tokens of all sequences, flattened
     kv_pages    [N, 2, Hkv, page_size, D]   one layer's pool (see kv_write.py)
     kv_lens     i32[S]                context length incl. the new tokens
-    page_table  i32[S, P]             physical page ids, 0-padded
+    page_table  i32[S, P]             physical page ids, 0-padded; with a sliding
+                                      window, entries of pages wholly before a
+                                      sequence's first query's window may be 0
+                                      (never read: hybrid KV groups give them back)
     cu_q_lens   i32[S+1]              prefix sums of new-token counts
     num_seqs    i32[] or i32[1]       number of valid sequences (<= S)
     -> out      [T, Hq, D]            rows past cu_q_lens[num_seqs] are zero
@@ -141,7 +144,9 @@ def _attend_tiles(q, kv_pages, kv_scales, kv_lens, page_table, cu_q_lens, num_se
         k = gather(pg, 0)
         v = gather(pg, 1)
         key_pos = chunk[:, None] * c + jnp.arange(c, dtype=jnp.int32)  # [W, c]
-        key_valid = key_pos < kv_len_t[it][:, None]
+        # Keys before the tile's window start may sit on pages a sliding-window KV
+        # group gave back (the null page in the table): out of the context too.
+        key_valid = (key_pos < kv_len_t[it][:, None]) & (key_pos >= k_lo[it][:, None])
         # Zero V outside the context so NaN garbage in unused pages cannot leak.
         v = jnp.where(key_valid[:, None, :, None], v, 0.0)
         if q_tile == 1:  # decode rows (M = G): K @ q^T suits XLA:CPU's small batched dots better

@@ -42,6 +42,8 @@ REGISTRY: dict = {
     "Qwen2MoeForCausalLM": "pagedjax.models.qwen3_moe:Qwen2MoeForCausalLM",
     "MixtralForCausalLM": "pagedjax.models.mixtral:MixtralForCausalLM",
     "LlavaForConditionalGeneration": "pagedjax.models.llava:LlavaForConditionalGeneration",
+    "Qwen2_5_VLForConditionalGeneration":
+        "pagedjax.models.qwen2_5_vl:Qwen2_5_VLForConditionalGeneration",
 }
 
 

@@ -32,14 +32,23 @@ class AttentionMetadata:
 
     positions: jax.Array  # i32[T]     position of each token in its sequence
     slot_mapping: jax.Array  # i32[T]  page_id * page_size + offset; padding -> 0 (null page)
+    #                          (i32[G, T] and page_table i32[G, S, P]: hybrid KV groups,
+    #                          ExecutionPlan.kv_layout)
     kv_lens: jax.Array  # i32[S]       context length incl. this step's tokens; padding -> 0
     page_table: jax.Array  # i32[S, P] physical page ids; padding -> 0
     cu_q_lens: jax.Array  # i32[S+1]   prefix sums of new-token counts (padding seqs add 0)
     num_seqs: jax.Array  # i32[]       valid sequences
     lora_slots: jax.Array | None = None  # i32[T] LoRA slot of each token (-1: none);
     #                                      None when LoRA serving is off (models/lora.py)
+    mrope_positions: jax.Array | None = None  # i32[3, T] (t, h, w) rotary positions of
+    #                                      M-RoPE models (models/qwen2_5_vl.py); None: others
     # Static (part of the compiled shape, not traced):
     max_q_len: int | None = dataclasses.field(default=None, metadata=dict(static=True))
+
+    def for_group(self, group: int) -> "AttentionMetadata":
+        """The metadata of KV group ``group`` (its page table and slots)."""
+        return dataclasses.replace(self, page_table=self.page_table[group],
+                                   slot_mapping=self.slot_mapping[group])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +77,11 @@ class ExecutionPlan:
                         device (else each expert's intermediate size split)
     moe_impl            grouped matmul of the experts (kernels_pallas/grouped_matmul.py):
                         "auto", "ragged", "gather", "blocked"
+    kv_layout           hybrid KV groups (core/kv_groups.py KVLayout.layer_map()): the
+                        (group, array) of each layer; the step's page_table is then
+                        i32[G, S, P] and slot_mapping i32[G, T], one per group, and
+                        kv_caches holds one (pages, scales) pair per array. None: one
+                        group, one array per layer
     """
 
     attn_backend: str = "xla"
@@ -79,6 +93,7 @@ class ExecutionPlan:
     attention_fn: Callable | None = None
     expert_parallel: bool = False
     moe_impl: str = "auto"
+    kv_layout: tuple | None = None
 
 
 DEFAULT_PLAN = ExecutionPlan()
@@ -99,3 +114,6 @@ class ModelInfo:
     dtype: Any  # jnp dtype of params/activations
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
+    # Each layer's sliding window (None: full attention); () when every layer is full.
+    # The engine splits the layers into KV groups by it (core/kv_groups.py).
+    layer_windows: tuple = ()

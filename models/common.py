@@ -80,7 +80,7 @@ def eos_ids_from_config(config: dict) -> tuple[int, ...]:
 
 
 def make_info(config: dict, architecture: str, dtype, *, num_layers, num_q_heads, num_kv_heads,
-              head_dim, hidden_size, vocab_size, max_model_len) -> ModelInfo:
+              head_dim, hidden_size, vocab_size, max_model_len, layer_windows=()) -> ModelInfo:
     """The engine's view of a model (KV pool shape, vocabulary, stop tokens)."""
     bos = config.get("bos_token_id")
     return ModelInfo(
@@ -89,6 +89,7 @@ def make_info(config: dict, architecture: str, dtype, *, num_layers, num_q_heads
         vocab_size=int(vocab_size), max_model_len=int(max_model_len), dtype=jnp.dtype(dtype),
         eos_token_ids=eos_ids_from_config(config),
         bos_token_id=bos if isinstance(bos, int) else None,
+        layer_windows=tuple(layer_windows),
     )
 
 
@@ -200,6 +201,8 @@ class DecoderLM(nnx.Module):
         plan: ExecutionPlan = DEFAULT_PLAN,
         mm_embeds: tuple | None = None,  # (embeddings [M, H], source i32[T]): see merge_embeddings
     ) -> tuple[jax.Array, tuple]:  # hidden [T, H], kv_caches
+        if plan.kv_layout is not None:
+            return self._grouped(kv_caches, token_ids, meta, plan, mm_embeds)
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"kv_caches: expected {len(self.layers)} (pages, scales) pairs, "
                              f"got {len(kv_caches)}")
@@ -210,6 +213,20 @@ class DecoderLM(nnx.Module):
             x, cache = layer(x, cache, meta, plan, ctx)
             new.append(cache)
         return self.final(x, plan), tuple(new)
+
+    def _grouped(self, kv_caches, token_ids, meta, plan, mm_embeds):
+        """Hybrid KV groups: layer i uses array kv_layout[i][1] and its group's table."""
+        layout = plan.kv_layout
+        if len(layout) != len(self.layers):
+            raise ValueError(f"kv_layout: expected {len(self.layers)} (group, array) pairs, "
+                             f"got {len(layout)}")
+        x, ctx = self.embed(token_ids, meta, plan)
+        x = merge_embeddings(x, mm_embeds)
+        caches = list(kv_caches)
+        metas = {g: meta.for_group(g) for g in sorted({g for g, _ in layout})}
+        for layer, (g, k) in zip(self.layers, layout):
+            x, caches[k] = layer(x, caches[k], metas[g], plan, ctx)
+        return self.final(x, plan), tuple(caches)
 
     def logits(
         self,

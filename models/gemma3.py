@@ -97,7 +97,8 @@ class Gemma3ForCausalLM(DecoderLM):
                               num_q_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
                               head_dim=self.head_dim, hidden_size=self.hidden_size,
                               vocab_size=vocab,
-                              max_model_len=c.get("max_position_embeddings", 32768))
+                              max_model_len=c.get("max_position_embeddings", 32768),
+                              layer_windows=[window if t == SLIDING else None for t in types])
         self.embed_tokens = nn.Embed(vocab, self.hidden_size, dtype=dtype)
         self.layers = nnx.List([Gemma3Layer(self, t, window, dtype) for t in types])
         self.norm = nn.RMSNorm(self.hidden_size, self.eps, unit_offset=True, dtype=dtype)

@@ -83,6 +83,14 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
                                         c.get("projector_hidden_act", "gelu"),
                                         bool(c.get("multimodal_projector_bias", True)), dtype)
 
+    def encoder_warmup_data(self, max_patches: int | None = None) -> list:
+        """Encoder data of one image of the tower's one size (zeros; for compiling the
+        encoder ahead of time)."""
+        import numpy as np
+
+        s, c = self.image_size, self.vision_tower.channels
+        return [np.zeros((c, s, s), np.float32)]
+
     def encode_images(self, pixel_values: jax.Array,
                       plan: ExecutionPlan = DEFAULT_PLAN) -> jax.Array:
         """f32[N, C, S, S] -> [N, mm_tokens_per_image, H]: the placeholders' embeddings."""

@@ -19,6 +19,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 from typing import Callable
 
 import ml_dtypes
@@ -50,6 +51,10 @@ class Checkpoint:
     # for keeping quantized: (kind, components in the row layout), see models/quant.py
     qtype: Callable[[str], str] | None = None
     get_raw: Callable[[str], tuple[str, dict]] | None = None
+    # A published quantized checkpoint (FP8, AWQ, GPTQ; models/checkpoint_quant.py):
+    # its method, and the kind a float weight name is stored in (None: float)
+    quant_method: str | None = None
+    quant_kind: Callable[[str], str | None] | None = None
 
 
 # ----------------------------------------------------------------------------- safetensors
@@ -149,13 +154,29 @@ def open_hf_folder(folder: str, config: dict | None = None) -> Checkpoint:
             )
         return table[key].get(key)
 
-    return Checkpoint(config=config, get=get, names=lambda: list(table), source=folder)
+    from pagedjax.models import checkpoint_quant
+
+    sch = checkpoint_quant.scheme(config)
+    if sch is None:
+        return Checkpoint(config=config, get=get, names=lambda: list(table), source=folder)
+
+    def has(name: str) -> bool:
+        return _prefixed_lookup(table, name) is not None
+
+    tensors = checkpoint_quant.QuantizedTensors(sch, get, has)
+
+    def get_float(name: str) -> np.ndarray:  # quantized Linears dequantized (kept float)
+        return tensors.dequantized(name) if tensors.kind(name) else get(name)
+
+    return Checkpoint(config=config, get=get_float, names=lambda: list(table), source=folder,
+                      get_raw=tensors.components, quant_method=sch.method,
+                      quant_kind=tensors.kind)
 
 
 # ----------------------------------------------------------------------------- GGUF
 
 _GGUF_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-               "gemma3": "Gemma3ForCausalLM"}
+               "gemma3": "Gemma3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM"}
 
 # HF layer-suffix -> GGUF name, for the Llama-style architectures.
 _GGUF_LAYER_NAMES = {
@@ -178,6 +199,16 @@ _GGUF_GEMMA3_NAMES = {
     "self_attn.q_norm": "attn_q_norm",
     "self_attn.k_norm": "attn_k_norm",
 }
+# Qwen3-MoE: q/k norms and the router; the experts are stacked tensors (see _EXPERT_RE).
+_GGUF_QWEN3MOE_NAMES = {
+    **_GGUF_LAYER_NAMES,
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate": "ffn_gate_inp",
+}
+_GGUF_ARCH_NAMES = {"gemma3": _GGUF_GEMMA3_NAMES, "qwen3moe": _GGUF_QWEN3MOE_NAMES}
+# model.layers.{i}.mlp.experts.{e}.{gate,up,down}_proj.weight: expert e of blk.{i}.ffn_*_exps
+_EXPERT_RE = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight")
 _GGUF_TOP_NAMES = {
     "model.embed_tokens": "token_embd",
     "model.norm": "output_norm",
@@ -194,7 +225,10 @@ def _field(reader, key, default=None):
 
 def hf_to_gguf_name(name: str, arch: str = "llama") -> str:
     """``model.layers.3.self_attn.q_proj.weight`` -> ``blk.3.attn_q.weight``."""
-    layer_names = _GGUF_GEMMA3_NAMES if arch == "gemma3" else _GGUF_LAYER_NAMES
+    layer_names = _GGUF_ARCH_NAMES.get(arch, _GGUF_LAYER_NAMES)
+    expert = _EXPERT_RE.fullmatch(name)
+    if expert:
+        return f"blk.{expert[1]}.ffn_{expert[3]}_exps.weight"
     base, _, kind = name.rpartition(".")
     if base in _GGUF_TOP_NAMES:
         return f"{_GGUF_TOP_NAMES[base]}.{kind}"
@@ -273,6 +307,11 @@ def gguf_config(reader, path: str) -> dict:
                          "(supported: none, linear)")
     if arch == "gemma3":
         _gemma3_config(reader, config)
+    if arch == "qwen3moe":
+        config.update(  # llama.cpp renormalises the top-k weights of qwen3moe
+            num_experts=int(req("expert_count")), num_experts_per_tok=int(req("expert_used_count")),
+            moe_intermediate_size=int(req("expert_feed_forward_length")), norm_topk_prob=True)
+        config.pop("attention_bias", None)
     for key, field in (("bos_token_id", "bos_token_id"), ("pad_token_id", "padding_token_id")):
         v = _field(reader, f"tokenizer.ggml.{field}")
         if v is not None:
@@ -340,6 +379,12 @@ def open_gguf(path: str) -> Checkpoint:
         comps = quant.repack_gguf(kind, raw, shape[-1])
         return kind, {c: unpermute(name, a) for c, a in comps.items()}
 
+    @functools.lru_cache(maxsize=3)  # a layer's gate, up and down stacks, while read
+    def stacked(gname: str) -> np.ndarray:
+        t = tensors[gname]
+        w = gguf.quants.dequantize(t.data, gguf.GGMLQuantizationType(t.tensor_type))
+        return np.asarray(w, np.float32).reshape(tuple(int(n) for n in reversed(t.shape)))
+
     def get(name: str) -> np.ndarray:
         t = tensor(name)
         gname = t.name
@@ -349,6 +394,9 @@ def open_gguf(path: str) -> Checkpoint:
                 f"{path}: tensor {gname!r} has GGML type {qtype.name}, which pagedjax cannot "
                 f"dequantize (supported: {', '.join(SUPPORTED_GGUF_TYPES)})"
             )
+        expert = _EXPERT_RE.fullmatch(name)
+        if expert:  # one expert of a stacked [E, rows, n] tensor (dequantized once)
+            return stacked(gname)[int(expert[2])]
         w = np.asarray(gguf.quants.dequantize(t.data, qtype), dtype=np.float32)
         w = unpermute(name, w.reshape(tuple(int(n) for n in reversed(t.shape))))
         if arch == "gemma3" and name.endswith("norm.weight"):

@@ -48,12 +48,14 @@ class QuantizedWeight(nnx.Module):
         self.kind, self.shape, self.axis = kind, tuple(shape), axis
         dtypes = Q.component_dtypes(kind)
         ax = axis % len(shape)
+        divs = {name: div for name, (_, div) in Q.formats(kind).items()}
         for name, cshape in Q.component_shapes(kind, self.shape, axis).items():
-            caxes = axes if len(cshape) == len(shape) else axes[:ax] + axes[ax + 1:]
+            caxes = (axes if divs[name] > 0 else (axes[ax],) if divs[name] < 0
+                     else axes[:ax] + axes[ax + 1:])
             setattr(self, name, param(cshape, dtypes[name], caxes))
 
     def components(self) -> dict[str, jax.Array]:
-        return {name: getattr(self, name)[...] for name in Q.FORMATS[self.kind]}
+        return {name: getattr(self, name)[...] for name in Q.formats(self.kind)}
 
     def dequantize(self, dtype) -> jax.Array:  # [shape]
         return Q.dequantize(self.kind, self.components(), self.axis, dtype)
@@ -74,19 +76,19 @@ def qmatmul(x: jax.Array, w, plan: ExecutionPlan) -> jax.Array:
     # on one device for steps of few rows; whole for many rows (one dequantization then
     # serves them all) and under tensor parallelism (a scan over a sharded In axis would
     # make GSPMD gather the weight).
-    if isinstance(w, QuantizedWeight) and w.kind == "int8" and L.native_int8(x, plan):
-        c = w.components()
+    if not isinstance(w, QuantizedWeight):
+        return L.matmul(x, w[...], plan)
+    kind, c, x = Q.gather_perm(w.kind, w.components(), x)  # act-order: x's columns
+    if kind == "int8" and L.native_int8(x, plan):
         return L.int8_matmul(x, c["q"], c["scale"])
-    if isinstance(w, QuantizedWeight) and w.kind in Q.GGUF_KINDS.values() and \
-            L.native_block(x, plan):
-        return L.block_matmul(x, w.kind, w.components())
-    if isinstance(w, QuantizedWeight) and Q.chunked(x.shape[0], plan.mesh):
-        return Q.chunked_matmul(w.kind, w.components(), x, lambda a, b: L.matmul(a, b, plan))
-    if isinstance(w, QuantizedWeight) and w.kind == "int8":  # scale after the matmul
-        c = w.components()
+    if Q.block_kernel_kind(kind) and L.native_block(x, plan):
+        return L.block_matmul(x, kind, c)
+    if Q.chunked(x.shape[0], plan.mesh):
+        return Q.chunked_matmul(kind, c, x, lambda a, b: L.matmul(a, b, plan))
+    if kind in Q.PER_CHANNEL:  # scale after the matmul
         y = L.matmul(x, c["q"].astype(x.dtype), plan)
         return y * c["scale"].astype(x.dtype)
-    return L.matmul(x, weight_value(w, x.dtype), plan)
+    return L.matmul(x, Q.dequantize(kind, c, 0, x.dtype), plan)
 
 
 class Linear(nnx.Module):

@@ -30,13 +30,17 @@ run at load time (numpy).
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
+import ml_dtypes  # noqa: F401  (numpy's float8 dtypes)
 import numpy as np
 
 # kind -> {component: (dtype, divisor of the quantized axis, or 0 = axis removed)}
 FORMATS: dict[str, dict[str, tuple[str, int]]] = {
     "int8": {"q": ("int8", 1), "scale": ("float32", 0)},
+    "fp8": {"q": ("float8_e4m3fn", 1), "scale": ("float32", 0)},
     "q8_0": {"q": ("int8", 1), "d": ("float16", 32)},
     "q4_0": {"qs": ("uint8", 2), "d": ("float16", 32)},
     "q4_1": {"qs": ("uint8", 2), "d": ("float16", 32), "m": ("float16", 32)},
@@ -47,25 +51,70 @@ FORMATS: dict[str, dict[str, tuple[str, int]]] = {
 }
 BLOCK = {"int8": 1, "q8_0": 32, "q4_0": 32, "q4_1": 32, "q4_k": 256, "q6_k": 256}
 GGUF_KINDS = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1", "Q4_K": "q4_k", "Q6_K": "q6_k"}
+PER_CHANNEL = ("int8", "fp8")  # one scale per output channel, applied after the dot
 QUANTIZATIONS = (None, "int8")  # EngineArgs.quantization (GGUF files keep their own)
+
+
+def formats(kind: str) -> dict[str, tuple[str, int]]:
+    """The component table of any kind: ``FORMATS``' and the published checkpoints'
+    grouped kinds (models/checkpoint_quant.py writes them)::
+
+        fp8             q f8e4m3 (1)   scale f32 (axis removed)           w = q * scale
+        fp8_g{B}        q f8e4m3 (1)   s f32 (B)                          w = q * s
+        int4_g{G}       qs u8 (2)      s f32 (G)   z u8 (G)               w = s * (nibble - z)
+        int4_g{G}_perm  the same + perm i32 (only the quantized axis): x's columns
+                        gathered by perm first (GPTQ act-order, rows in group order)
+
+    int4 nibbles are in Q4_0's order (byte j of each 32-block: elements j, j+16)."""
+    if kind in FORMATS:
+        return FORMATS[kind]
+    base, group, perm = parse_kind(kind)
+    if base == "fp8":
+        return {"q": ("float8_e4m3fn", 1), "s": ("float32", group)}
+    table = {"qs": ("uint8", 2), "s": ("float32", group), "z": ("uint8", group)}
+    return {**table, "perm": ("int32", -1)} if perm else table
+
+
+def parse_kind(kind: str) -> tuple[str, int, bool]:
+    """``int4_g128_perm`` -> ("int4", 128, True); ValueError for an unknown kind."""
+    m = re.fullmatch(r"(int4|fp8)_g(\d+)(_perm)?", kind)
+    if m is None or int(m.group(2)) % 32 or int(m.group(2)) == 0 or \
+            (m.group(1) == "fp8" and m.group(3)):
+        raise ValueError(f"quantized weight kind {kind!r} is not one of {sorted(FORMATS)} "
+                         "or int4_g<G>[_perm] / fp8_g<G> (G a multiple of 32)")
+    return m.group(1), int(m.group(2)), bool(m.group(3))
+
+
+def block(kind: str) -> int:
+    """The quantized axis must be a multiple of this."""
+    if kind in BLOCK:
+        return BLOCK[kind]
+    return 1 if kind == "fp8" else parse_kind(kind)[1]
+
+
+def block_kernel_kind(kind: str) -> bool:
+    """Whether the C++ block kernel multiplies weights of ``kind`` (GGUF blocks, int4 groups)."""
+    return kind in GGUF_KINDS.values() or kind.startswith("int4_g")
 
 
 def component_shapes(kind: str, shape: tuple[int, ...], axis: int) -> dict[str, tuple]:
     """Component name -> shape for a weight of ``shape`` quantized along ``axis``."""
     axis = axis % len(shape)
-    if shape[axis] % BLOCK[kind]:
-        raise ValueError(f"{kind}: axis {axis} of {shape} is not a multiple of {BLOCK[kind]}")
+    if shape[axis] % block(kind):
+        raise ValueError(f"{kind}: axis {axis} of {shape} is not a multiple of {block(kind)}")
     out = {}
-    for name, (_, div) in FORMATS[kind].items():
+    for name, (_, div) in formats(kind).items():
         if div == 0:
             out[name] = shape[:axis] + shape[axis + 1:]
+        elif div == -1:
+            out[name] = (shape[axis],)
         else:
             out[name] = shape[:axis] + (shape[axis] // div,) + shape[axis + 1:]
     return out
 
 
 def component_dtypes(kind: str) -> dict[str, np.dtype]:
-    return {name: np.dtype(dt) for name, (dt, _) in FORMATS[kind].items()}
+    return {name: np.dtype(dt) for name, (dt, _) in formats(kind).items()}
 
 
 # ----------------------------------------------------------------------------- device side
@@ -83,8 +132,10 @@ def _per(x: jax.Array, n: int) -> jax.Array:  # [In/n, R] -> f32 [In/n, 1, R]
 def _dequant_axis0(kind: str, c: dict, dtype) -> jax.Array:
     """Components with the quantized axis first ([In_c, R...]) -> [In, R...]."""
     f32 = jnp.float32
-    if kind == "int8":
+    if kind in ("int8", "fp8"):
         return (c["q"].astype(f32) * c["scale"].astype(f32)).astype(dtype)
+    if kind.startswith(("int4_g", "fp8_g")):
+        return _dequant_grouped(kind, c, dtype)
     if kind == "q8_0":
         q = c["q"]
         w = q.reshape((q.shape[0] // 32, 32) + q.shape[1:]).astype(f32) * _per(c["d"], 32)
@@ -110,8 +161,35 @@ def _dequant_axis0(kind: str, c: dict, dtype) -> jax.Array:
     return w.reshape((w.shape[0] * w.shape[1],) + w.shape[2:]).astype(dtype)
 
 
+def gather_perm(kind: str, comps: dict, x: jax.Array) -> tuple[str, dict, jax.Array]:
+    """A ``_perm`` kind's product as its plain kind's: (kind, components, x [T, In]
+    with its columns in the weight's row order). Other kinds pass through."""
+    if not kind.endswith("_perm"):
+        return kind, comps, x
+    rest = {k: v for k, v in comps.items() if k != "perm"}
+    return kind[:-len("_perm")], rest, jnp.take(x, comps["perm"], axis=-1)
+
+
+def _dequant_grouped(kind: str, c: dict, dtype) -> jax.Array:
+    """int4_g / fp8_g components (quantized axis first, no perm) -> [In, R...]."""
+    base, g, _ = parse_kind(kind)
+    s = c["s"].astype(jnp.float32)[:, None]  # [In/g, 1, R]
+    if base == "fp8":
+        q = c["q"]
+        w = q.reshape((q.shape[0] // g, g) + q.shape[1:]).astype(jnp.float32) * s
+    else:
+        q = _nibbles(c["qs"])  # [In/32, 32, R]
+        q = q.reshape((q.shape[0] * 32 // g, g) + q.shape[2:]).astype(jnp.float32)
+        w = s * (q - c["z"].astype(jnp.float32)[:, None])
+    return w.reshape((w.shape[0] * g,) + w.shape[2:]).astype(dtype)
+
+
 def dequantize(kind: str, comps: dict, axis: int, dtype) -> jax.Array:
     """The float weight (logical shape) of ``comps`` quantized along ``axis`` (0 or -1)."""
+    if kind.endswith("_perm"):  # rows stored in group order: back to the input's order
+        rest = {k: v for k, v in comps.items() if k != "perm"}
+        w = dequantize(kind[:-len("_perm")], rest, axis, dtype)
+        return jnp.take(w, jnp.argsort(comps["perm"]), axis=axis)
     if axis == 0:
         return _dequant_axis0(kind, comps, dtype)
     moved = {k: jnp.moveaxis(v, -1, 0) if v.ndim == comps_ndim(comps) else v
@@ -155,7 +233,7 @@ def _product(kind: str, c: dict, x: jax.Array, matmul) -> jax.Array:
     without its scale). Q4_0/Q4_1 dot the low and the high nibbles with the first and
     second halves of each 32-block of x (no interleaving), Q4_1's minimum as the block
     sums of x times m."""
-    if kind == "int8":
+    if kind in PER_CHANNEL:
         return matmul(x, c["q"].astype(x.dtype))
     if kind not in ("q4_0", "q4_1"):
         return matmul(x, _dequant_axis0(kind, c, x.dtype))
@@ -177,13 +255,13 @@ def _product(kind: str, c: dict, x: jax.Array, matmul) -> jax.Array:
 def chunked_matmul(kind: str, comps: dict, x: jax.Array, matmul) -> jax.Array:
     """``x [T, In] @ dequantize(comps) [In, *Out]`` dequantizing one chunk of In at a
     time inside a ``lax.scan`` (partial products summed); ``matmul(x, w)`` does the
-    float dot. int8's per-channel scale multiplies the output after the sum."""
+    float dot. int8's and fp8's per-channel scale multiplies the output after the sum."""
     f32 = jnp.float32
-    scale = comps.get("scale") if kind == "int8" else None
-    parts = {k: v for k, v in comps.items() if k != "scale" or kind != "int8"}
+    scale = comps.get("scale") if kind in PER_CHANNEL else None
+    parts = {k: v for k, v in comps.items() if k != "scale" or kind not in PER_CHANNEL}
     n = x.shape[-1]
-    out_shape = parts[next(iter(FORMATS[kind]))].shape[1:]
-    nc = num_chunks(n, BLOCK[kind], int(np.prod(out_shape)))
+    out_shape = parts[next(iter(formats(kind)))].shape[1:]
+    nc = num_chunks(n, block(kind), int(np.prod(out_shape)))
     if nc == 1:
         y = _product(kind, parts, x, matmul)
     else:
@@ -264,7 +342,7 @@ def chunked_matmul_t(kind: str, comps: dict, x: jax.Array, matmul_t) -> jax.Arra
     """``x [T, H] @ dequantize(comps) [V, H].T`` (a table quantized along its last axis,
     the tied LM head) one chunk of V rows at a time inside a ``lax.scan``;
     ``matmul_t(x, w)`` is the float ``x @ w.T``. -> [T, V]."""
-    v = comps[next(iter(FORMATS[kind]))].shape[0]
+    v = comps[next(iter(formats(kind)))].shape[0]
     nc = num_chunks(v, 1, x.shape[-1])
     if nc == 1:
         return matmul_t(x, dequantize(kind, comps, -1, x.dtype))

@@ -97,12 +97,24 @@ class CausalLM:
         """Whether the module takes images (has ``encode_images``)."""
         return callable(getattr(self.module_cls, "encode_images", None))
 
+    @property
+    def uses_mrope(self) -> bool:
+        """Whether steps carry three rotary position rows (``meta.mrope_positions``)."""
+        return bool(getattr(self.module_cls, "uses_mrope", False))
+
+    def encoder_inputs(self, data):
+        """One image's encoder data (``MMItem.data``) -> the encoder program's input
+        at its static patch bucket (host numpy): the module's ``encoder_inputs``, or
+        the image's pixels as a batch of one."""
+        prep = getattr(self.abstract, "encoder_inputs", None)
+        return prep(data) if prep is not None else np.asarray(data, np.float32)[None]
+
     def encode_images(
         self,
         params: dict,
-        pixel_values: jax.Array,  # f32[N, C, S, S] one static patch bucket
+        pixel_values,  # encoder_inputs(...): f32[N, C, S, S] (LLaVA) or the module's pytree
         plan: ExecutionPlan = DEFAULT_PLAN,
-    ) -> jax.Array:  # [N, tokens per image, H] embeddings of the image placeholders
+    ) -> jax.Array:  # [N, tokens per image, H] or [rows, H]: embeddings of the placeholders
         if self._stacked(params):
             params = self._unstacked_placeholder(params)
         return nnx.merge(self.graphdef, params).encode_images(pixel_values, plan)
@@ -117,14 +129,16 @@ class CausalLM:
             params = self._unstacked_placeholder(params)
         return nnx.merge(self.graphdef, params).logits(hidden, plan)
 
-    def allocate_kv_caches(self, num_pages: int, page_size: int, kv_cache_dtype=None):
-        """One (pages [N, 2, Hkv, page_size, D], scales|None) pair per layer."""
+    def allocate_kv_caches(self, num_pages: int, page_size: int, kv_cache_dtype=None,
+                           num_arrays: int | None = None):
+        """One (pages [N, 2, Hkv, page_size, D], scales|None) pair per layer (or
+        ``num_arrays`` of them: hybrid KV groups, core/kv_groups.py)."""
         dtype = self.dtype if kv_cache_dtype in (None, "auto") else kv_cache_dtype
         if isinstance(dtype, str):
             dtype = kernels_pallas.KV_CACHE_DTYPES.get(dtype) or jnp.dtype(dtype)
         info = self.info
         return kernels_pallas.allocate_kv_pages(
-            info.num_layers, num_pages, page_size, info.num_kv_heads, info.head_dim, dtype)
+            num_arrays or info.num_layers, num_pages, page_size, info.num_kv_heads, info.head_dim, dtype)
 
     # -- weights ---------------------------------------------------------------------
 

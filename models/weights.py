@@ -17,7 +17,9 @@ from pagedjax.models import nn
 from pagedjax.models import quant as Q
 from pagedjax.models.runtime import CausalLM, path_str
 
-QUANTIZATION_CHOICES = (None, "none", "int8", "gguf")
+QUANTIZATION_CHOICES = (None, "none", "int8", "gguf", "fp8", "awq", "gptq",
+                        "compressed-tensors")
+CHECKPOINT_METHODS = ("fp8", "awq", "gptq", "compressed-tensors")
 
 
 def _node(model: CausalLM, path: tuple):
@@ -30,12 +32,18 @@ def _node(model: CausalLM, path: tuple):
 def choose_quantization(model: CausalLM, ckpt, quantization: str | None) -> dict[tuple, str]:
     """Path -> kind of every weight to keep quantized.
 
-    None or "none": nothing (GGUF blocks are dequantized at load). "int8": every Linear
+    None or "none": nothing (GGUF blocks are dequantized at load), except that None
+    keeps a published quantized checkpoint's weights as stored. "int8": every Linear
     kernel and embedding table, per channel. "gguf": each weight stored in a
     GGUF block format we keep (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) stays in it.
+    "fp8" / "awq" / "gptq" / "compressed-tensors": the checkpoint's own (its
+    config.json's quantization_config must name that method).
     """
     if quantization not in QUANTIZATION_CHOICES:
         raise ValueError(f"quantization: {quantization!r} is not one of {QUANTIZATION_CHOICES}")
+    method = getattr(ckpt, "quant_method", None)
+    if quantization in CHECKPOINT_METHODS or (quantization is None and method):
+        return _checkpoint_kinds(model, ckpt, quantization)
     if quantization in (None, "none"):
         return {}
     wmap = model.weight_map()
@@ -55,6 +63,55 @@ def choose_quantization(model: CausalLM, ckpt, quantization: str | None) -> dict
         if kind is not None and shape[axis] % Q.BLOCK[kind] == 0:
             kinds[p] = kind
     return kinds
+
+
+def _checkpoint_kinds(model: CausalLM, ckpt, quantization: str | None) -> dict[tuple, str]:
+    """The kinds of a published quantized checkpoint's Linears (models/checkpoint_quant.py)."""
+    method = getattr(ckpt, "quant_method", None)
+    if method is None or (quantization not in (None, method)
+                          and not (quantization == "compressed-tensors" and method == "fp8")):
+        raise ValueError(f"quantization={quantization!r} needs a checkpoint whose config.json "
+                         f"has a {quantization} quantization_config; {ckpt.source} has "
+                         f"{method or 'none'} (leave quantization unset to use it)")
+    wmap = model.weight_map()
+    kinds = {}
+    for p, (owner, attr, axis) in nn.quantizable(model.abstract).items():
+        spec = wmap.get(path_str(p))
+        if spec is None or axis != 0:
+            continue
+        found = {ckpt.quant_kind(n) for n in spec.names}
+        if found == {None}:
+            continue
+        if len(found) != 1:
+            raise ValueError(f"{path_str(p)}: its checkpoint tensors {spec.names} are stored "
+                             f"in different ways ({sorted(map(str, found))}); pagedjax fuses "
+                             "them, so they must share one quantization")
+        kind = found.pop()
+        shape = getattr(owner, attr).shape
+        if shape[0] % Q.block(kind):
+            raise ValueError(f"{path_str(p)}: {shape[0]} inputs are not a multiple of "
+                             f"{kind}'s group of {Q.block(kind)}")
+        kinds[p] = kind
+    return kinds
+
+
+def _build_components(kind: str, spec, raws: list[dict], key: str) -> dict:
+    """Row-layout components of each of ``spec``'s tensors -> the parameter's components,
+    rearranged like its float weight (a per-output scale as [out, 1], squeezed after;
+    act-order's perm, shared by the fused tensors, as it is)."""
+    out = {}
+    for c, (_, div) in Q.formats(kind).items():
+        if c == "perm":
+            perms = [r[c] for r in raws]
+            if any(not np.array_equal(p, perms[0]) for p in perms[1:]):
+                raise ValueError(f"{key}: the fused tensors {spec.names} have different "
+                                 "act-order permutations (g_idx); pagedjax needs one")
+            out[c] = perms[0]
+        elif div == 0 and raws[0][c].ndim == 2:
+            out[c] = np.squeeze(spec.build([r[c] for r in raws]), axis=0)
+        else:
+            out[c] = spec.build([r[c] for r in raws])
+    return out
 
 
 def iter_state(model: CausalLM, get, get_raw=None):
@@ -81,8 +138,7 @@ def iter_state(model: CausalLM, get, get_raw=None):
             comps = Q.quantize_int8(spec.build([get(n) for n in spec.names]),
                                     _node(model, path).axis)
         else:
-            raws = [get_raw(n) for n in spec.names]
-            comps = {c: spec.build([r[1][c] for r in raws]) for c in Q.FORMATS[kind]}
+            comps = _build_components(kind, spec, [get_raw(n)[1] for n in spec.names], key)
         for c, arr in comps.items():
             name = f"{key}.{c}" if c else key
             _check(model, shapes, name, arr)

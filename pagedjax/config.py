@@ -54,6 +54,9 @@ class EngineArgs:
                                                     "max_num_seqs))")
     enable_prefix_caching: bool = _opt(True, "reuse the KV pages of identical prompt prefixes "
                                              "(automatic prefix caching, on as in vLLM V1)")
+    disable_hybrid_kv_cache_manager: bool = _opt(
+        False, "give every layer pages for the whole context, sliding-window layers too "
+               "(default: hybrid-attention models keep only each window's pages)")
     seed: int = _opt(0, "engine seed for unseeded random sampling")
     attention_backend: str = _opt("auto", "paged-attention kernel", BACKENDS)
     kv_cache_dtype: str = _opt("auto", "KV pool dtype (auto = the model's)",
@@ -61,10 +64,14 @@ class EngineArgs:
     quantization: str | None = _opt(None, "weights kept quantized on the device, dequantized "
                                           "in each step: int8 (per channel, any checkpoint) or "
                                           "gguf (a .gguf file's Q8_0/Q4_0/Q4_1/Q4_K/Q6_K "
-                                          "blocks); none: float weights; default: gguf for "
+                                          "blocks); fp8, awq, gptq, compressed-tensors: a "
+                                          "published checkpoint's own (docs/quantization.md); "
+                                          "none: float weights; default: the checkpoint's "
+                                          "quantization_config, gguf for "
                                           "a .gguf file on the CPU where the C++ block kernel "
                                           "is faster here, else float weights",
-                                    (None, "none", "int8", "gguf"))
+                                    (None, "none", "int8", "gguf", "fp8", "awq", "gptq",
+                                     "compressed-tensors"))
     tensor_parallel_size: int = _opt(1, "devices to shard the model over", short="-tp")
     enable_expert_parallel: bool = _opt(False, "mixture-of-experts models: shard the experts "
                                                "over the tensor-parallel devices (whole experts "
@@ -160,7 +167,8 @@ class EngineArgs:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise ArgumentTypeError(f"{name} must be a number, got {short(v)}")
-        for name in ("enable_prefix_caching", "scan_layers", "async_scheduling", "enable_lora"):
+        for name in ("enable_prefix_caching", "scan_layers", "async_scheduling", "enable_lora",
+                     "disable_hybrid_kv_cache_manager"):
             if not isinstance(getattr(self, name), bool):
                 raise ArgumentTypeError(f"{name} must be True or False, got "
                                         f"{short(getattr(self, name))}")
@@ -202,6 +210,7 @@ class EngineConfig:
     num_pages: int
     attention_backend: str  # concrete, never "auto"
     kv_cache_dtype: Any  # a jnp dtype
+    kv_layout: Any = None  # core.kv_groups.KVLayout: the KV groups of the model's layers
 
 
 def default_cache_dir() -> str:

@@ -202,6 +202,8 @@ class SamplingParams:
     # Pooling (embeddings): the final hidden states of the prompt in the output's
     # ``prompt_hidden_states``: "last" (the last prompt token's) or "all" (every
     # prompt token's; the prompt then skips the prefix cache, as prompt_logprobs do).
+    # With max_tokens=0 the request is prefill only: it ends after its prompt, with
+    # no token sampled (finish_reason "length").
     prompt_hidden_states: Optional[str] = None
     # EOS ids from the model / generation config (see update_from_generation_config).
     _eos_token_ids: list[int] = field(default_factory=list, init=False, repr=False,
@@ -280,7 +282,14 @@ class SamplingParams:
         if not 0.0 <= min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1] (0 = off), got {min_p}.")
         need_int("seed", SEED_MIN, SEED_MAX, optional=True)
-        need_int("max_tokens", 1, optional=True)
+        # max_tokens=0: prefill only (pooling), nothing is sampled.
+        need_int("max_tokens", 0 if self.prompt_hidden_states is not None else 1,
+                 optional=True,
+                 hint=" max_tokens=0 (prefill only) needs prompt_hidden_states."
+                 if self.max_tokens == 0 else "")
+        if self.max_tokens == 0 and self.n != 1:
+            raise ValueError(f"max_tokens=0 (prefill only) samples nothing: n must be 1, got "
+                             f"n={self.n}.")
         need_int("min_tokens", 0)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(

@@ -89,17 +89,23 @@ def test_throughput_smoke(tiny_folder, tmp_path):
     assert sh["n4"]["peak_pages_saved_by_sharing"] > 0
 
 
-def test_throughput_int8_smoke(tiny_folder, tmp_path):
-    """--quantization int8 reaches pagedjax's LLM: int8 weights (~1/4 of the float file)."""
+def test_throughput_int8_smoke(tiny_folder, tmp_path, capsys):
+    """--quantization int8 reaches pagedjax's LLM: int8 weights (~1/4 of the float file).
+    Without the transformers baselines' script, pagedjax runs alone and says how to
+    add them."""
     from pagedjax.benchmarks import throughput
 
     out = tmp_path / "tp_int8.json"
     rc = throughput.main(["--model", tiny_folder, "--num-requests", "3", "--input-mean", "8",
-                          "--output-mean", "4", "--max-num-seqs", "4", "--skip-hf",
+                          "--output-mean", "4", "--max-num-seqs", "4",
+                          "--hf-baselines", str(tmp_path / "missing.py"),
                           "--skip-sharing", "--quantization", "int8", "--json", str(out),
                           "--quiet"])
     assert rc == 0
+    err = capsys.readouterr().err
+    assert "from a checkout" in err and "--hf-baselines" in err and "pagedjax alone" in err
     rep = json.loads(out.read_text())
+    assert list(rep["systems"]) == ["pagedjax"]
     assert rep["args"]["quantization"] == "int8"
     pj = rep["systems"]["pagedjax"]
     assert "error" not in pj, pj
@@ -107,6 +113,17 @@ def test_throughput_int8_smoke(tiny_folder, tmp_path):
     assert pj["output_tokens"] == sum(rep["workload"]["output_lens"])
     float_bytes = sum(f.stat().st_size for f in Path(tiny_folder).glob("*.safetensors"))
     assert 0 < pj["weight_bytes"] < 0.3 * float_bytes
+
+
+def test_hf_baselines_script_is_found_in_a_checkout_only(tmp_path):
+    from pagedjax.benchmarks.throughput import HF_SCRIPT, find_hf_baselines
+    from tests.utils.paths import REPO
+
+    assert find_hf_baselines(str(tmp_path / "nope.py")) is None
+    assert find_hf_baselines(cwd=str(tmp_path)) in (os.path.join(REPO, HF_SCRIPT), None)
+    (tmp_path / "benchmarks" / "throughput").mkdir(parents=True)
+    (tmp_path / HF_SCRIPT).write_text("")
+    assert find_hf_baselines(cwd=str(tmp_path)) is not None
 
 
 def test_throughput_rounds_alternate_and_combine():
@@ -302,3 +319,46 @@ def test_cold_start_smoke(tiny_folder, tmp_path):
     if cold["builds"]["cpu_sampler"]:  # built in the cold process, found in the warm one
         assert cold["builds"]["cpu_sampler"]["cached"] is False
         assert warm["builds"]["cpu_sampler"]["cached"] is True
+
+
+def test_peer_serve_commands_and_comparison(tmp_path):
+    """Both servers get the same GGUF and batch width; ratios are per round, pagedjax /
+    llama.cpp, with their median."""
+    from benchmarks.serving import peer_serve
+
+    fake = tmp_path / "llama-server"
+    fake.write_text("")
+    ns = peer_serve.parse_args(["--llama-server", str(fake), "--model", "m.gguf",
+                                "--parallel", "8", "--ctx", "128", "--threads", "2"])
+    cmds = peer_serve.commands(ns, 9000)
+    pj, ll = " ".join(cmds["pagedjax"]), cmds["llama.cpp"]
+    assert "--model m.gguf" in pj and "--max-num-seqs 8" in pj and "--max-model-len 128" in pj
+    assert ll[:3] == [str(fake), "-m", "m.gguf"] and ll[ll.index("-c") + 1] == "1024"
+    assert ll[ll.index("--parallel") + 1] == "8" and "-cb" in ll and ll[ll.index("-t") + 1] == "2"
+
+    def rep(x):
+        return {k: x for k, _, _ in peer_serve.FIGURES}
+    rounds = [{"order": ["pagedjax", "llama.cpp"], "pagedjax": rep(2.0), "llama.cpp": rep(1.0)},
+              {"order": ["llama.cpp", "pagedjax"], "pagedjax": rep(3.0), "llama.cpp": rep(1.0)},
+              {"order": ["pagedjax", "llama.cpp"], "pagedjax": rep(6.0), "llama.cpp": rep(3.0)}]
+    cmp = peer_serve.compare(rounds)
+    assert [r["output_throughput"] for r in cmp["ratio_per_round"]] == [2.0, 3.0, 2.0]
+    assert cmp["ratio_median"]["output_throughput"] == 2.0
+    assert cmp["median"]["pagedjax"]["request_throughput"] == 3.0
+    assert "pagedjax/llama median" in peer_serve.table(cmp, rounds)
+
+
+def test_hybrid_kv_benchmark_counts_pool_pages(tmp_path):
+    """benchmarks/features/hybrid_kv.py (its scheduler part): the pool's used pages after
+    a sequence, uniform vs hybrid, and each sliding group's window only."""
+    from benchmarks.features import hybrid_kv
+
+    out = tmp_path / "hkv.json"
+    assert hybrid_kv.main(["--lengths", "4096", "--engine-lengths", "--chunk", "512",
+                           "--json", str(out)]) == 0
+    rows = {r["model"]: r for r in json.loads(out.read_text())["rows"]}
+    small = rows["gemma-3-270m"]
+    assert small["uniform"]["pages"] == 4096 // 16 and small["uniform"]["arrays"] == 18
+    # 256 pages of the full group + 5 sliding groups of ceil(511 / 16) + 1 pages
+    assert small["hybrid"]["pages"] == 256 + 5 * 33 and small["hybrid"]["arrays"] == 3
+    assert small["hybrid"]["bytes"] < 0.3 * small["uniform"]["bytes"]

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import subprocess
 import sys
 import sysconfig
 import tomllib
+import zipfile
 
 import pytest
 
@@ -66,6 +68,7 @@ def test_non_editable_install_in_a_fresh_venv(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     wheel = glob.glob(str(wheels / "pagedjax-*.whl"))
     assert len(wheel) == 1
+    assert _torch_imports(wheel[0]) == [], "the installed package must hold no torch code"
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     py = str(venv / "bin" / "python")
@@ -92,3 +95,29 @@ def test_non_editable_install_in_a_fresh_venv(tmp_path):
     proc = subprocess.run([str(venv / "bin" / "pagedjax"), "bench", "throughput", "--help"],
                           cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "--num-requests" in proc.stdout, proc.stderr[-2000:]
+    assert "--hf-baselines" in proc.stdout
+    # outside a checkout there is no baselines script: pagedjax alone
+    proc = subprocess.run([py, "-c", "from pagedjax.benchmarks.throughput import "
+                           "find_hf_baselines as f; print('FOUND', f())"],
+                          cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300)
+    assert proc.stdout.strip() == "FOUND None", proc.stdout + proc.stderr[-2000:]
+
+
+_TORCH_IMPORT = re.compile(rb"^\s*(import torch|from torch[ .])", re.M)
+
+
+def _torch_imports(wheel: str) -> list[str]:
+    """The wheel's Python files that import torch (at any depth, lazily too)."""
+    with zipfile.ZipFile(wheel) as z:
+        return [n for n in z.namelist() if n.endswith(".py") and _TORCH_IMPORT.search(z.read(n))]
+
+
+def test_no_package_source_imports_torch():
+    """What the wheel would ship: no module of the package folders imports torch."""
+    found = []
+    for top in ("pagedjax", "models", "kernels_pallas"):
+        for path in glob.glob(os.path.join(REPO, top, "**", "*.py"), recursive=True):
+            with open(path, "rb") as f:
+                if _TORCH_IMPORT.search(f.read()):
+                    found.append(os.path.relpath(path, REPO))
+    assert found == [], found

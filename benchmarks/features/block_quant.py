@@ -63,7 +63,7 @@ def _floor_fns(model, params):
     flat = dict(nnx.traversals.flatten_mapping(params))
     mats, head = [], None
     for path, kind in model.quantized.items():
-        comps = {c: flat[path + (c,)] for c in Q.FORMATS[kind]}
+        comps = {c: flat[path + (c,)] for c in Q.formats(kind)}
         w = Q.dequantize(kind, comps, 0 if path[-1] == "kernel" else -1, jnp.float32)
         if path[-1] == "kernel":
             mats.append(w.reshape(w.shape[0], -1))

@@ -73,18 +73,17 @@ def image(seed: int):
 
 def encoder_figures(llm, reps: int) -> dict:
     import jax
-    import numpy as np
 
     from pagedjax import SamplingParams
 
     eng = llm.llm_engine
     proc = eng.mm_processor
     _, items = proc.process([1, IMAGE_TOKEN], {"image": image(0)})
-    px = np.asarray(items[0].data, np.float32)[None]
-    jax.block_until_ready(eng.runner.encode_images(px))  # compile
+    data = items[0].data
+    jax.block_until_ready(eng.runner.encode_item(data))  # compile
     t0 = time.perf_counter()
     for _ in range(reps):
-        jax.block_until_ready(eng.runner.encode_images(px))
+        jax.block_until_ready(eng.runner.encode_item(data))
     enc = (time.perf_counter() - t0) / reps
     # A 272-token prompt with one image: its prefill steps, the image already cached.
     ids = [1] + list(range(10, 17)) + [IMAGE_TOKEN] + list(range(20, 28))

@@ -1,30 +1,4 @@
 #!/usr/bin/env bash
-# One-shot GPU check for the ragged paged-attention kernels, meant for ONE
-# device call:   bash benchmarks/kernel_bench/gpu_check.sh
-# 1. tests/kernels_pallas/test_kernels.py with the Triton kernel native (PAGEDJAX_KERNEL_NATIVE=1;
-#    the TPU-kernel cases are deselected: they would only run its interpreter);
-# 2. benchmarks/kernel_bench/attention_kernels.py (decode/mixed grid, HBM bandwidth vs peak, JAX's own
-#    GPU paged attention on the same decode inputs);
-# 3. benchmarks/kernel_bench/roofline.py: each measured row beside its roofline time on this GPU.
-# Everything lands in $OUT (default benchmarks/results). Exit status: tests' or bench's.
-set -u
-cd "$(dirname "$0")/../.."
-OUT=${OUT:-benchmarks/results}
-mkdir -p "$OUT"
-PY=${PYTHON:-python3}
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-{ nvidia-smi; "$PY" -c 'import jax; print(jax.__version__, jax.devices())'; } > "$OUT/env.txt" 2>&1
-PAGEDJAX_KERNEL_NATIVE=1 timeout 330 "$PY" -m pytest -q -p no:cacheprovider tests/kernels_pallas/test_kernels.py \
-  -k "not tpu and not mosaic" --durations=10 --junitxml="$OUT/test_kernels.xml" \
-  > "$OUT/test_kernels.log" 2>&1
-TEST_RC=$?
-timeout 240 "$PY" benchmarks/kernel_bench/attention_kernels.py ${BENCH_ARGS:-} --json "$OUT/attention_kernels.json" \
-  > "$OUT/bench.log" 2>&1
-BENCH_RC=$?
-timeout 60 "$PY" benchmarks/kernel_bench/roofline.py --measured "$OUT/attention_kernels.json" \
-  --json "$OUT/roofline.json" > "$OUT/roofline.log" 2>&1
-tail -n 25 "$OUT/test_kernels.log"
-tail -n 40 "$OUT/bench.log"
-cat "$OUT/roofline.log"
-echo "tests rc=$TEST_RC bench rc=$BENCH_RC (logs in $OUT)"
-[ "$TEST_RC" -eq 0 ] && [ "$BENCH_RC" -eq 0 ]
+# One-shot GPU check (tests natively, the attention benchmark, measured vs roofline):
+# benchmarks/kernel_bench/device_check.sh with the platform gpu.
+exec bash "$(dirname "$0")/device_check.sh" gpu "$@"

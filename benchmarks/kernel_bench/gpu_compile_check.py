@@ -17,8 +17,10 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as futures
 import dataclasses
+import hashlib
 import json
 import os
+import random
 import sys
 import time
 
@@ -44,32 +46,66 @@ def _variants(name: str, **tune):
     return [dataclasses.replace(v, **tune) for v in out]
 
 
+_CACHE: dict = {}  # cache key -> KernelResources as a dict, or {"error": ...}
+
+
+def _init_worker(cache: dict) -> None:
+    _CACHE.update(cache)
+
+
+def _cache_key(kernel, arch) -> str:
+    h = hashlib.sha256(kernel.ttir.encode()).hexdigest()[:24]
+    return f"{h}:{kernel.num_warps}:{kernel.num_stages}:{arch}"
+
+
+def _compile_cached(kernel, arch):
+    """``compile_kernel`` through the cache: identical Triton IR, warps and stages
+    on the same arch compile to the same cubin, so each is compiled once."""
+    from pagedjax.kernels_pallas.pallas import gpu_compile as gc
+
+    key = _cache_key(kernel, arch)
+    hit = _CACHE.get(key)
+    if hit is None or (hit.get("spill_stores") and
+                       hit.get("spill_stores_default_alloc") is None):
+        try:
+            _CACHE[key] = dataclasses.asdict(gc.compile_kernel(kernel, arch))
+        except gc.CompileCheckError as e:
+            _CACHE[key] = dict(error=str(e)[:300])
+    hit = _CACHE[key]
+    if "error" in hit:
+        raise gc.CompileCheckError(hit["error"])
+    return gc.KernelResources(**hit), key
+
+
 def check_one(v, archs, headroom):
-    """Rows (one per arch) for variant ``v``; never raises."""
+    """(rows, cache entries): one row per arch for variant ``v``; never raises."""
     from pagedjax.kernels_pallas.pallas import gpu_compile as gc, gpu_variants as gv
 
-    rows = []
+    rows, used = [], {}
+    base = dict(variant=v.label, axes=dataclasses.asdict(v))
     try:
         fn, args = gv.call(v)
         kernels = gc.capture(fn, *args)
     except Exception as e:  # noqa: BLE001 - reported per row
-        return [dict(variant=v.label, arch=a, ok=False, error=f"lowering: {e}"[:300])
-                for a in archs]
+        return [dict(base, arch=a, ok=False, error=f"lowering: {e}"[:300]) for a in archs], used
     for arch in archs:
         skip = gv.unsupported(v, arch)
         if skip:
-            rows.append(dict(variant=v.label, arch=arch, ok=True, skipped=skip))
+            rows.append(dict(base, arch=arch, ok=True, skipped=skip))
             continue
+        row = dict(base, arch=arch)
         try:
-            res = gc.compile_kernel(kernels[0], arch)
-            row = dict(variant=v.label, **dataclasses.asdict(res), **gc.occupancy(res))
+            res, key = _compile_cached(kernels[0], arch)
+            used[key] = _CACHE[key]
+            row.update(**dataclasses.asdict(res), **gc.occupancy(res))
             gc.check(res, headroom)
             row["ok"] = True
         except gc.CompileCheckError as e:
-            row = dict(locals().get("row") or dict(variant=v.label, arch=arch))
+            key = _cache_key(kernels[0], arch)
+            used[key] = _CACHE.get(key, {})
             row.update(ok=False, error=str(e)[:300])
         rows.append(row)
-    return rows
+    return rows, used
 
 
 def _fmt(r) -> str:
@@ -95,41 +131,142 @@ def main(argv=None) -> int:
     ap.add_argument("--block-q", type=int, help="override the kernel's choice")
     ap.add_argument("--headroom", type=int, default=16, help="spare registers required")
     ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--shuffle", type=int, metavar="SEED",
+                    help="run the variants in a random order (a partial run is then a sample "
+                         "of every axis)")
+    ap.add_argument("--limit", type=int, help="only the first N variants (after --shuffle)")
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--cache", help="compile results by Triton IR hash: read, then updated")
+    ap.add_argument("--figure", help="write a compact per-variant table here")
     a = ap.parse_args(argv)
     archs = tuple(a.arch or gc.ARCHS)
     variants = _variants(a.set, num_warps=a.num_warps, num_stages=a.num_stages,
                          block_k=a.block_k, block_q=a.block_q)
+    if a.shuffle is not None:
+        random.Random(a.shuffle).shuffle(variants)
+    total = len(variants)  # the whole set, for the reports
+    variants = variants[:a.limit]
     t0 = time.perf_counter()
     print(f"{'variant':<52} {'arch':<7} {'regs':>4} {'spill':>5} {'smemKB':>7} {'warps':>5} "
           f"{'blk/SM':>6} {'occ':>5} {'limiter':<9} status", flush=True)
+    cache = _load(a.cache)
+    _CACHE.update(cache)
     rows = []
-    with futures.ProcessPoolExecutor(a.jobs) if a.jobs > 1 else _Inline() as ex:
-        for batch in ex.map(check_one, variants, [archs] * len(variants),
-                            [a.headroom] * len(variants)):
+    pool = (futures.ProcessPoolExecutor(a.jobs, initializer=_init_worker, initargs=(cache,))
+            if a.jobs > 1 else _Inline())
+    with pool as ex:
+        for i, (batch, used) in enumerate(ex.map(
+                check_one, variants, [archs] * len(variants), [a.headroom] * len(variants))):
             for r in batch:
                 print(_fmt(r), flush=True)
             rows += batch
+            cache.update(used)
+            if i % 50 == 49:  # a run stopped early still leaves what it compiled
+                _write(a, rows, cache, archs, total)
+    _write(a, rows, cache, archs, total)
     failed = [r for r in rows if not r["ok"]]
+    for line in summary_lines(rows):
+        print(line)
     print(f"{len(variants)} variants x {len(archs)} archs in {time.perf_counter() - t0:.0f} s: "
           f"{len(failed)} failed")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(dict(set=a.set, archs=archs, headroom=a.headroom, rows=rows), f, indent=1)
     return 1 if failed else 0
 
 
-class _Inline:
-    def __enter__(self):
-        return self
+def _write(a, rows, cache, archs, total) -> None:
+    if a.cache:
+        _save(a.cache, cache)
+    if a.json:
+        _save(a.json, dict(set=a.set, archs=archs, headroom=a.headroom, variants=total,
+                           rows=rows))
+    if a.figure:
+        _save(a.figure, figure(rows, archs, a.headroom, total))
 
-    def __exit__(self, *exc):
-        return False
 
-    @staticmethod
-    def map(fn, *its):
-        return map(fn, *its)
+def _load(path):
+    if path and os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
+    return {}
 
+
+def _save(path, obj) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, separators=(",", ":"))
+    os.replace(tmp, path)
+
+
+AXES = ("kind", "head_dim", "group", "page_dtype", "page_size", "window", "soft_cap",
+        "kv_splits")
+
+
+def summary_lines(rows) -> list[str]:
+    """Worst registers, spills, shared memory and lowest occupancy per value of
+    each axis, per arch (compiled rows only)."""
+    out = [f"{'axis':<11} {'value':<14} {'arch':<7} {'n':>5} {'max regs':>8} "
+           f"{'max spill':>9} {'max smemKB':>10} {'min occ':>7} {'failed':>6} "
+           f"{'spill w/o flag':>14}"]
+    done = [r for r in rows if "registers" in r]
+    for axis in AXES:
+        for value in sorted({r["axes"][axis] for r in done}, key=str):
+            for arch in sorted({r["arch"] for r in done}):
+                sel = [r for r in done if r["axes"][axis] == value and r["arch"] == arch]
+                if not sel:
+                    continue
+                out.append(
+                    f"{axis:<11} {str(value):<14} {arch:<7} {len(sel):>5} "
+                    f"{max(r['registers'] for r in sel):>8} "
+                    f"{max(r['spill_stores'] for r in sel):>9} "
+                    f"{max(r['shared_bytes'] for r in sel) / 1024:>10.1f} "
+                    f"{min(r['occupancy'] for r in sel):>7.0%} "
+                    f"{sum(not r['ok'] for r in sel):>6} "
+                    f"{_worst_default_alloc(sel):>14}")
+    return out
+
+
+MACHINE = ("2-core VM shared with other agents, no GPU (compile only: the figures are "
+           "triton 3.9.0's and its ptxas', not timings); jax 0.10.2")
+
+
+def _worst_default_alloc(rows) -> str:
+    """Most bytes the spilling rows still spill with ptxas' default allocator
+    ("-": none spilled; "?": not measured)."""
+    spilled = [r.get("spill_stores_default_alloc") for r in rows if r["spill_stores"]]
+    if not spilled:
+        return "-"
+    return "?" if None in spilled else str(max(spilled))
+
+
+def figure(rows, archs, headroom, total) -> dict:
+    """A benchmarks/plot.py bar figure (most registers per thread by kind and head
+    size, per arch, against the headroom line) that also carries every compiled
+    variant: per arch [registers, spilled bytes, shared KiB, warps, blocks per SM],
+    or the reason it was skipped or failed."""
+    table: dict = {}
+    for r in rows:
+        cell = (r.get("skipped") or r.get("error") if "registers" not in r else
+                [r["registers"], r["spill_stores"], round(r["shared_bytes"] / 1024, 1),
+                 r["num_warps"], r["blocks"]])
+        table.setdefault(r["variant"], {})[r["arch"]] = cell
+    done = [r for r in rows if "registers" in r]
+    cats = sorted({(r["axes"]["kind"], r["axes"]["head_dim"]) for r in done})
+    series = [dict(label=f"{arch}: most registers per thread",
+                   values=[max((r["registers"] for r in done if r["arch"] == arch
+                                and (r["axes"]["kind"], r["axes"]["head_dim"]) == c),
+                               default=None) for c in cats]) for arch in archs]
+    failed = sum(not r["ok"] for r in rows)
+    return dict(
+        title=f"Triton kernel, {len(table)} of {total} variants compiled for "
+              f"{' and '.join(archs)}: {failed} failed the check",
+        kind="bars", categories=[f"{k} d{d}" for k, d in cats], series=series,
+        hlines=[dict(y=255 - headroom, label=f"255 - {headroom}: the headroom limit")],
+        ylabel="registers per thread", ylim=[0, 270],
+        commands=["python benchmarks/kernel_bench/gpu_compile_check.py --set full --shuffle 0 "
+                  "--jobs 2 --cache cache.json --figure fig.json"],
+        date="2026-12-05", machine=MACHINE, archs=list(archs), headroom=headroom,
+        matrix=total, compiled=len(table), failed=failed,
+        columns=["registers", "spill_bytes", "shared_kib", "warps", "blocks_per_sm"],
+        variants=table)
 
 if __name__ == "__main__":
     sys.exit(main())

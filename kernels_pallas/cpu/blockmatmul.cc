@@ -3,7 +3,8 @@
 //
 //   y[M, N] = x[M, K] @ W[K, N]          (transposed = 0: a Linear kernel, W quantized along K)
 //   y[M, N] = x[M, K] @ W[N, K]^T        (transposed = 1: the tied LM head, W's rows quantized)
-//   x f32, W = models/quant.py's components of kind q8_0 | q4_0 | q4_1 | q4_k | q6_k, y f32.
+//   x f32, W = models/quant.py's components of kind q8_0 | q4_0 | q4_1 | q4_k | q6_k
+//   or int4 groups of `group` rows (AWQ / GPTQ, int4_g<group>), y f32.
 //
 // Why: the weights of a GGUF file are 4.5-8.5 bits a value; dequantized to
 // float32 at load, every decode step reads 4-7x the bytes. Here the blocks
@@ -34,6 +35,7 @@
 
 #include "blocks.h"
 #include "isa.h"
+#include "matmul_ffi.h"
 #include "parallel.h"
 #include "simd.h"
 #include "tile.h"
@@ -224,7 +226,8 @@ void run_blockmatmul(const std::shared_ptr<BlockWork>& work, int64_t threads,
     pack_x(w);
     w.n_tasks = (w.N + kNC - 1) / kNC;
   }
-  pagedjax_parallel::run(work, threads, w.M * w.K * w.N >= (1 << 16), schedule);
+  pagedjax_parallel::run(work, threads, pagedjax_matmul_ffi::worth_helpers(w.M, w.K, w.N),
+                         schedule);
 }
 
 std::shared_ptr<BlockWork> make_work(const float* x, Comps comps, float* y, int64_t M,
@@ -243,27 +246,28 @@ std::shared_ptr<BlockWork> make_work(const float* x, Comps comps, float* y, int6
 ffi::Error BlockMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer c0,
                            ffi::AnyBuffer c1, ffi::AnyBuffer c2, ffi::AnyBuffer c3,
                            ffi::AnyBuffer c4, ffi::Result<ffi::Buffer<ffi::F32>> y,
-                           int32_t kind, int32_t transposed, int64_t n_out) {
-  auto xd = x.dimensions(), yd = y->dimensions();
+                           int32_t kind, int32_t transposed, int64_t n_out, int64_t group) {
   if (kind < 0 || kind >= pagedjax_blocks::kNumKinds)
     return ffi::Error::InvalidArgument("cpu_blockmatmul: unknown block kind");
-  if (xd.size() != 2 || yd.size() != 2)
-    return ffi::Error::InvalidArgument("cpu_blockmatmul: expected x [M, K] and y [M, N]");
-  const int64_t M = xd[0], K = xd[1], N = n_out;
-  if (yd[0] != M || yd[1] != N || K % pagedjax_blocks::block_of(kind))
-    return ffi::Error::InvalidArgument("cpu_blockmatmul: shapes do not match");
+  int64_t M, K;
+  const int64_t N = n_out;
+  if (!pagedjax_matmul_ffi::xy_shapes(x, y, N, &M, &K) || K % pagedjax_blocks::block_of(kind))
+    return ffi::Error::InvalidArgument("cpu_blockmatmul: expected x [M, K], y [M, N] and K "
+                                       "a multiple of the block");
+  if (kind == pagedjax_blocks::kI4 && (group <= 0 || group % 32 || K % group))
+    return ffi::Error::InvalidArgument("cpu_blockmatmul: int4 groups must be 32k rows dividing K");
   // Every component must hold exactly its share of the K x N values (blocks.h).
   const ffi::AnyBuffer* cs[5] = {&c0, &c1, &c2, &c3, &c4};
-  Comps comps{kind, {}};
+  Comps comps{kind, {}, group};
   for (int i = 0; i < pagedjax_blocks::kNumComps[kind]; ++i) {
-    const int64_t want = K / pagedjax_blocks::kDiv[kind][i] * N * pagedjax_blocks::kSize[kind][i];
+    const int64_t want = K / pagedjax_blocks::div_of(comps, i) * N * pagedjax_blocks::kSize[kind][i];
     if (int64_t(cs[i]->size_bytes()) != want)
       return ffi::Error::InvalidArgument("cpu_blockmatmul: a component's size does not match");
     comps.c[i] = static_cast<const uint8_t*>(cs[i]->untyped_data());
   }
-  if (M == 0 || N == 0) return ffi::Error::Success();
+  if (pagedjax_matmul_ffi::empty_product(M, K, N, y->typed_data())) return ffi::Error::Success();
   auto work = make_work(x.typed_data(), comps, y->typed_data(), M, K, N, transposed != 0);
-  run_blockmatmul(work, pool.num_threads(), [&pool](auto task) { pool.Schedule(std::move(task)); });
+  run_blockmatmul(work, pool.num_threads(), pagedjax_matmul_ffi::on_pool(pool));
   return ffi::Error::Success();
 }
 
@@ -276,6 +280,9 @@ void fill(std::vector<uint8_t>& v, int64_t n, int size, uint32_t seed) {
       uint16_t h = uint16_t(0x2000 + ((seed >> 16) & 0x7ff));  // ~2^-7 .. 2^-6
       if (i % 7 == 3) h = uint16_t((seed >> 16) & 0x83ff);  // a subnormal (either sign)
       std::memcpy(v.data() + 2 * i, &h, 2);
+    } else if (size == 4) {  // f32 scales: ~2^-8 .. 2^-7, either sign
+      const float f = float(int32_t(seed >> 8) - (1 << 23)) * 0x1p-31f;
+      std::memcpy(v.data() + 4 * i, &f, 4);
     } else {
       v[i] = uint8_t(seed >> 24);
     }
@@ -286,9 +293,9 @@ void fill(std::vector<uint8_t>& v, int64_t n, int size, uint32_t seed) {
 // value_rows summed in double: 0 = fine.
 int self_test_case(int kind, int64_t M, int64_t K, int64_t N, bool transposed, int64_t threads) {
   std::vector<uint8_t> store[5];
-  Comps comps{kind, {}};
+  Comps comps{kind, {}, 32 * (1 + kind % 2)};  // int4: groups of 64 rows
   for (int i = 0; i < pagedjax_blocks::kNumComps[kind]; ++i) {
-    fill(store[i], K / pagedjax_blocks::kDiv[kind][i] * N, pagedjax_blocks::kSize[kind][i],
+    fill(store[i], K / pagedjax_blocks::div_of(comps, i) * N, pagedjax_blocks::kSize[kind][i],
          uint32_t(7 + 31 * i + kind));
     comps.c[i] = store[i].data();
   }
@@ -330,7 +337,7 @@ extern "C" int PagedjaxSelfTest() {
 }
 
 // 1 when the kernel has its vectorized (AVX2 + FMA) register tiles.
-extern "C" int PagedjaxFastBlockMatmul() { return pagedjax_isa::vectorized(); }
+PAGEDJAX_VECTORIZED_ENTRY(PagedjaxFastBlockMatmul)
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PagedjaxBlockMatmul, BlockMatmulImpl,
                               ffi::Ffi::Bind()
@@ -344,4 +351,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PagedjaxBlockMatmul, BlockMatmulImpl,
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int32_t>("kind")
                                   .Attr<int32_t>("transposed")
-                                  .Attr<int64_t>("n_out"));
+                                  .Attr<int64_t>("n_out")
+                                  .Attr<int64_t>("group"));

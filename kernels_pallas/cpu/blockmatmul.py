@@ -2,7 +2,8 @@
 
 ``blockmatmul(kind, comps, x)`` is ``x [M, K] @ W [K, N]`` where ``W`` is the
 weight whose models/quant.py components ``comps`` (kind ``q8_0``, ``q4_0``,
-``q4_1``, ``q4_k`` or ``q6_k``, quantized along K: every component ``[K_c, N]``)
+``q4_1``, ``q4_k``, ``q6_k`` or ``int4_g<G>``, AWQ / GPTQ groups of G rows;
+quantized along K: every component ``[K_c, N]``)
 describe; ``transposed=True`` is ``x @ W[N, K].T`` for a table quantized along
 its last axis (the tied LM head, components ``[N, K_c]``). The blocks stay in
 memory as the GGUF file has them and are widened to float32 in registers a
@@ -37,10 +38,23 @@ KINDS: dict[str, tuple[int, tuple[str, ...], int]] = {
     "q4_1": (2, ("qs", "d", "m"), 32),
     "q4_k": (3, ("qs", "sc", "mn", "d", "dmin"), 256),
     "q6_k": (4, ("ql", "qh", "sc", "d"), 256),
+    "int4": (5, ("qs", "s", "z"), 32),
 }
 # kind -> each component's divisor of the quantized axis (models/quant.py's FORMATS)
 DIVISORS = {"q8_0": (1, 32), "q4_0": (2, 32), "q4_1": (2, 32, 32),
-            "q4_k": (2, 32, 32, 256, 256), "q6_k": (2, 4, 16, 256)}
+            "q4_k": (2, 32, 32, 256, 256), "q6_k": (2, 4, 16, 256), "int4": (2, 0, 0)}
+
+
+def split_kind(kind: str) -> tuple[str, int]:
+    """``int4_g128`` -> ("int4", 128) (AWQ / GPTQ groups of 128 rows: s f32 and
+    z u8 per group, w = s * (nibble - z)); a GGUF kind -> (kind, 0)."""
+    if kind.startswith("int4_g") and kind[6:].isdigit() and int(kind[6:]) % 32 == 0 \
+            and int(kind[6:]) > 0:
+        return "int4", int(kind[6:])
+    if kind not in KINDS or kind == "int4":
+        raise ValueError(f"blockmatmul: kind {kind!r} is not one of "
+                         f"{sorted(set(KINDS) - {'int4'})} or int4_g<G> (G a multiple of 32)")
+    return kind, 0
 
 _LIB = FfiLibrary(SOURCE, "cpu_blockmatmul", {TARGET: "PagedjaxBlockMatmul"})
 _load = _LIB.load
@@ -77,16 +91,17 @@ def library_path() -> str | None:
 
 def component_shapes(kind: str, k: int, n: int, transposed: bool) -> dict[str, tuple]:
     """The shape of each component of a [K, N] weight (``transposed``: [N, K])."""
-    _, names, block = KINDS[kind]
+    base, group = split_kind(kind)
+    _, names, block = KINDS[base]
+    block = max(block, group)
     if k % block:
         raise ValueError(f"blockmatmul: K={k} is not a multiple of {kind}'s block of {block}")
-    return {c: (n, k // d) if transposed else (k // d, n) for c, d in zip(names, DIVISORS[kind])}
+    divs = [d or group for d in DIVISORS[base]]
+    return {c: (n, k // d) if transposed else (k // d, n) for c, d in zip(names, divs)}
 
 
 def _check(kind: str, comps: dict, x: jax.Array, transposed: bool) -> tuple[int, int]:
-    if kind not in KINDS:
-        raise ValueError(f"blockmatmul: kind {kind!r} is not one of {sorted(KINDS)}")
-    names = KINDS[kind][1]
+    names = KINDS[split_kind(kind)[0]][1]
     if set(comps) != set(names):
         raise ValueError(f"blockmatmul: {kind} takes components {names}, got {sorted(comps)}")
     if x.ndim != 2 or x.dtype != jnp.dtype(jnp.float32):
@@ -110,10 +125,11 @@ def blockmatmul(kind: str, comps: dict, x: jax.Array, *, transposed: bool = Fals
     k, n = _check(kind, comps, x, transposed)
     if not available():
         raise RuntimeError(f"the C++ block matmul is unavailable: {unavailable_reason()}")
-    code, names, _ = KINDS[kind]
+    base, group = split_kind(kind)
+    code, names, _ = KINDS[base]
     args = [comps[c] for c in names]
     args += [jnp.zeros((1,), jnp.uint8)] * (5 - len(args))
     call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32),
                             vmap_method="sequential")
     return call(x, *args, kind=np.int32(code), transposed=np.int32(transposed),
-                n_out=np.int64(n))
+                n_out=np.int64(n), group=np.int64(group))

@@ -2,7 +2,8 @@
 // blockmatmul.cc. The components are models/quant.py's (read its table
 // first): a weight [K, N] quantized along K in blocks of 32 (256 for the
 // K-quants) is q8_0 {q i8, d f16}, q4_0 {qs u8, d}, q4_1 {qs, d, m f16},
-// q4_k {qs, sc u8, mn u8, d, dmin f16} or q6_k {ql u8, qh u8, sc i8, d}.
+// q4_k {qs, sc u8, mn u8, d, dmin f16}, q6_k {ql u8, qh u8, sc i8, d} or
+// int4 {qs, s f32, z u8} with one (s, z) per group of G rows (AWQ / GPTQ).
 // Element e of a 32-block (e < 16: the low nibble of byte e, else the high
 // nibble of byte e - 16; q6_k's two high bits: bits 2*(e/8) of qh byte e % 8)
 // has the integer code q and the value a * q + c, where
@@ -12,6 +13,7 @@
 //   q4_1  a = d                 c = m             q = nibble
 //   q4_k  a = d * sc            c = -(dmin * mn)  q = nibble     (sc, mn per 32)
 //   q6_k  a = d * sc            c = 0             q = 6 bits - 32 (sc per 16)
+//   int4  a = s                 c = -(s * z)      q = nibble     (s, z per group)
 //
 // -- the same products gguf.quants.dequantize forms, so a block widened here
 // is the dequantized float weight (up to the fused multiply-add's rounding).
@@ -31,8 +33,8 @@ namespace pagedjax_blocks {
 typedef float v16f __attribute__((vector_size(64)));
 typedef int32_t v16i __attribute__((vector_size(64)));
 
-enum Kind { kQ8_0 = 0, kQ4_0 = 1, kQ4_1 = 2, kQ4_K = 3, kQ6_K = 4 };
-constexpr int kNumKinds = 5;
+enum Kind { kQ8_0 = 0, kQ4_0 = 1, kQ4_1 = 2, kQ4_K = 3, kQ6_K = 4, kI4 = 5 };
+constexpr int kNumKinds = 6;
 
 inline int64_t block_of(int kind) { return kind == kQ4_K || kind == kQ6_K ? 256 : 32; }
 
@@ -40,6 +42,7 @@ inline int64_t block_of(int kind) { return kind == kQ4_K || kind == kQ6_K ? 256 
 struct Comps {
   int kind;
   const uint8_t* c[5];
+  int64_t group = 0;  // int4: rows per (s, z) group, a multiple of 32
 };
 
 // 16 bytes at p widened to 16 int32 lanes (zero- or sign-extended): one
@@ -94,6 +97,16 @@ inline v16f f16x16(const uint8_t* p) {
   return f;
 }
 inline v16f u8x16(const uint8_t* p) { return to_f(widen_u8(p)); }
+inline v16f f32x16(const uint8_t* p) {
+  v16f f;
+  std::memcpy(&f, p, 64);
+  return f;
+}
+inline float f32(const uint8_t* base, int64_t i) {
+  float f;
+  std::memcpy(&f, base + 4 * i, 4);
+  return f;
+}
 inline v16f s8x16(const uint8_t* p) { return to_f(widen_s8(p)); }
 
 // Cols layout: rows 32b..32b+31 of columns n..n+15 of a weight [K, N] -> out[32][16]
@@ -114,6 +127,12 @@ inline void decode_cols(const Comps& w, int64_t N, int64_t b, int64_t n, float* 
       a = a2 = f16x16(c[3] + 2 * (sb * N + n)) * u8x16(c[1] + b * N + n);
       cc = -(f16x16(c[4] + 2 * (sb * N + n)) * u8x16(c[2] + b * N + n));
       break;
+    case kI4: {
+      const int64_t g = 32 * b / w.group;
+      a = a2 = f32x16(c[1] + 4 * (g * N + n));
+      cc = -(a * u8x16(c[2] + g * N + n));
+      break;
+    }
     default: {  // kQ6_K: sc per 16 rows
       const v16f d = f16x16(c[3] + 2 * (sb * N + n));
       a = d * s8x16(c[2] + (2 * b) * N + n);
@@ -162,6 +181,11 @@ inline void decode_row_block(const Comps& w, int64_t K, int64_t n, int64_t b, fl
       a = a2 = f16(c[3], n * nsb + sb) * float(c[1][n * nb + b]);
       cc = -(f16(c[4], n * nsb + sb) * float(c[2][n * nb + b]));
       break;
+    case kI4: {
+      const int64_t g = n * (K / w.group) + 32 * b / w.group;
+      a = a2 = f32(c[1], g), cc = -(a * float(c[2][g]));
+      break;
+    }
     default: {
       const float d = f16(c[3], n * nsb + sb);
       a = d * float(int8_t(c[2][n * 2 * nb + 2 * b]));
@@ -202,16 +226,23 @@ inline void decode_row(const Comps& w, int64_t K, int64_t n, float* out) {
 
 // Each component's divisor of the quantized axis and bytes per element, by kind
 // (models/quant.py's FORMATS).
+// (int4's s and z: the group, div_of)
 constexpr int kDiv[kNumKinds][5] = {
-    {1, 32}, {2, 32}, {2, 32, 32}, {2, 32, 32, 256, 256}, {2, 4, 16, 256}};
-constexpr int kSize[kNumKinds][5] = {{1, 2}, {1, 2}, {1, 2, 2}, {1, 1, 1, 2, 2}, {1, 1, 1, 2}};
-constexpr int kNumComps[kNumKinds] = {2, 2, 3, 5, 4};
+    {1, 32}, {2, 32}, {2, 32, 32}, {2, 32, 32, 256, 256}, {2, 4, 16, 256}, {2, 0, 0}};
+constexpr int kSize[kNumKinds][5] = {{1, 2}, {1, 2}, {1, 2, 2}, {1, 1, 1, 2, 2}, {1, 1, 1, 2},
+                                     {1, 4, 1}};
+constexpr int kNumComps[kNumKinds] = {2, 2, 3, 5, 4, 3};
+
+// Component i's divisor of the quantized axis.
+inline int64_t div_of(const Comps& w, int i) {
+  return w.kind == kI4 && i > 0 ? w.group : kDiv[w.kind][i];
+}
 
 // Element k (along the quantized axis) of one row or column, one value at a time:
 // at(i, r) points at element r of component i's slice. The plain formulas of the
 // table at the top (the vector decoders' reference and the columns they leave).
 template <typename At>
-inline float value(int kind, At at, int64_t k) {
+inline float value(int kind, At at, int64_t k, int64_t group) {
   const int64_t b = k / 32, e = k % 32, sb = k / 256;
   auto h = [&](int i, int64_t r) {
     uint16_t v;
@@ -224,6 +255,11 @@ inline float value(int kind, At at, int64_t k) {
   switch (kind) {
     case kQ4_0: return h(1, b) * float(nib - 8);
     case kQ4_1: return h(1, b) * float(nib) + h(2, b);
+    case kI4: {
+      float s;
+      std::memcpy(&s, at(1, k / group), 4);
+      return s * float(nib - int(*at(2, k / group)));
+    }
     case kQ4_K: return (h(3, sb) * float(*at(1, b))) * float(nib) - h(4, sb) * float(*at(2, b));
     default: {
       const int hi = (*at(1, 8 * b + e % 8) >> (2 * (e / 8))) & 3;
@@ -236,14 +272,14 @@ inline float value(int kind, At at, int64_t k) {
 inline float value_cols(const Comps& w, int64_t N, int64_t k, int64_t n) {
   return value(w.kind, [&](int i, int64_t r) {
     return w.c[i] + (r * N + n) * kSize[w.kind][i];
-  }, k);
+  }, k, w.group);
 }
 
 // Element k of row n of a weight [N, K] in the Rows layout.
 inline float value_rows(const Comps& w, int64_t K, int64_t n, int64_t k) {
   return value(w.kind, [&](int i, int64_t r) {
-    return w.c[i] + (n * (K / kDiv[w.kind][i]) + r) * kSize[w.kind][i];
-  }, k);
+    return w.c[i] + (n * (K / div_of(w, i)) + r) * kSize[w.kind][i];
+  }, k, w.group);
 }
 
 // decode_cols for the last `cols` < 16 columns: out[32][16], lanes past cols zero.

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "isa.h"
+#include "matmul_ffi.h"
 #include "parallel.h"
 #include "simd.h"
 #include "tile.h"
@@ -203,13 +204,13 @@ void MatmulWork::run() {
 
 ffi::Error MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
                       ffi::Result<ffi::Buffer<ffi::F32>> y, int32_t transposed) {
-  auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
-  if (xd.size() != 2 || wd.size() != 2 || yd.size() != 2)
-    return ffi::Error::InvalidArgument("cpu_native matmul: expected 2-d operands");
-  const int64_t M = xd[0], K = xd[1];
-  const int64_t N = transposed ? wd[0] : wd[1];
-  if ((transposed ? wd[1] : wd[0]) != K || yd[0] != M || yd[1] != N)
-    return ffi::Error::InvalidArgument("cpu_native matmul: shapes do not match");
+  auto wd = w.dimensions();
+  int64_t M, K;
+  const int64_t N = wd.size() == 2 ? (transposed ? wd[0] : wd[1]) : -1;
+  if (wd.size() != 2 || !pagedjax_matmul_ffi::xy_shapes(x, y, N, &M, &K) ||
+      (transposed ? wd[1] : wd[0]) != K)
+    return ffi::Error::InvalidArgument(
+        "cpu_native matmul: expected x [M, K], w [K, N] (or [N, K]), y [M, N]");
   auto work = std::make_shared<MatmulWork>();
   work->x = x.typed_data();
   work->w = w.typed_data();
@@ -218,7 +219,7 @@ ffi::Error MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
   work->K = K;
   work->N = N;
   work->transposed = transposed != 0;
-  if (M == 0 || N == 0) return ffi::Error::Success();
+  if (pagedjax_matmul_ffi::empty_product(M, K, N, work->y)) return ffi::Error::Success();
   if (work->transposed) {
     work->n_tasks = (N + kNB - 1) / kNB;
   } else if (M > kMG) {
@@ -232,11 +233,7 @@ ffi::Error MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
     work->n_tasks = work->parts;
     work->partial.assign((work->parts - 1) * M * N, 0.0f);
   }
-  if (K == 0) {
-    std::memset(work->y, 0, sizeof(float) * M * N);
-    return ffi::Error::Success();
-  }
-  pagedjax_parallel::run_on_pool(work, pool, M * K * N >= (1 << 16));
+  pagedjax_parallel::run_on_pool(work, pool, pagedjax_matmul_ffi::worth_helpers(M, K, N));
   float* yp = work->y;
   for (int64_t p = 1; p < work->parts; ++p) {
     const float* src = work->partial.data() + (p - 1) * M * N;
@@ -297,7 +294,7 @@ extern "C" int PagedjaxSelfTest() {
 
 // 1 when the matmul has its vectorized paths (x86-64 with AVX2 + FMA); the
 // portable fallback is scalar, and the runner then keeps XLA's matmuls.
-extern "C" int PagedjaxFastMatmul() { return pagedjax_isa::vectorized(); }
+PAGEDJAX_VECTORIZED_ENTRY(PagedjaxFastMatmul)
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PagedjaxMatmul, MatmulImpl,
                               ffi::Ffi::Bind()

@@ -26,12 +26,13 @@ matmul off).
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
+
+from pagedjax.kernels_pallas.cpu import row_limit
 
 ENV = "PAGEDJAX_NATIVE_MATMUL_ROWS"
 CANDIDATE_ROWS = (1, 2, 4, 8, 16, 32)
@@ -98,42 +99,21 @@ def cache_path(library: str | os.PathLike) -> Path:
 
 def read_cache(path: Path) -> int | None:
     """The cached limit, or None when there is none or it is unreadable."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        return None
-    rows = data.get("rows")
-    if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
-        return None
-    return rows
+    data = row_limit.read_json(path, FORMAT)
+    rows = data.get("rows") if data else None
+    return rows if row_limit.is_rows(rows) else None
 
 
 def write_cache(path: Path, rows: int, timings: Mapping[int, tuple[float, float]]) -> None:
     """Write atomically (concurrent processes each write a whole file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = {"format": FORMAT, "rows": int(rows), "margin": MARGIN,
-            "timings_s": {str(r): {"cpp": c, "xla": x} for r, (c, x) in timings.items()}}
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
+    row_limit.write_json(path, {
+        "format": FORMAT, "rows": int(rows), "margin": MARGIN,
+        "timings_s": {str(r): {"cpp": c, "xla": x} for r, (c, x) in timings.items()}})
 
 
 def env_override() -> int | None:
     """``$PAGEDJAX_NATIVE_MATMUL_ROWS`` as a row count, None when unset."""
-    v = os.environ.get(ENV, "").strip()
-    if not v:
-        return None
-    try:
-        rows = int(v)
-    except ValueError:
-        rows = -1
-    if rows < 0:
-        raise ValueError(f"{ENV}={v!r}: expected a non-negative integer (the most rows a "
-                         "step may have to run its matmuls in the C++ kernel; 0: never)")
-    return rows
+    return row_limit.env_rows(ENV, "matmuls")
 
 
 def decide(library: str | os.PathLike | None, measure_fn=measure) -> int:
@@ -144,17 +124,8 @@ def decide(library: str | os.PathLike | None, measure_fn=measure) -> int:
         return override
     if library is None:
         return 0
-    path = cache_path(library)
-    cached = read_cache(path)
-    if cached is not None:
-        return cached
-    timings = measure_fn()
-    rows = choose_rows(timings)
-    try:
-        write_cache(path, rows, timings)
-    except OSError:  # a read-only cache: measure again next process
-        pass
-    return rows
+    return row_limit.cached(cache_path(library), read_cache, measure_fn, choose_rows,
+                            write_cache)
 
 
 def native_matmul_rows() -> int:

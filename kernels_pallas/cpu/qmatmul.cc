@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "isa.h"
+#include "matmul_ffi.h"
 #include "parallel.h"
 #include "simd.h"
 #include "tile.h"
@@ -242,22 +243,17 @@ std::shared_ptr<QWork> make_work(const float* x, const int8_t* q, const float* s
 ffi::Error QMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> q,
                        ffi::Buffer<ffi::F32> scale, ffi::Result<ffi::Buffer<ffi::F32>> y,
                        int32_t transposed) {
-  auto xd = x.dimensions(), qd = q.dimensions(), sd = scale.dimensions(), yd = y->dimensions();
-  if (xd.size() != 2 || qd.size() != 2 || sd.size() != 1 || yd.size() != 2)
+  auto qd = q.dimensions(), sd = scale.dimensions();
+  int64_t M, K;
+  const int64_t N = qd.size() == 2 ? (transposed ? qd[0] : qd[1]) : -1;
+  if (qd.size() != 2 || sd.size() != 1 || !pagedjax_matmul_ffi::xy_shapes(x, y, N, &M, &K) ||
+      (transposed ? qd[1] : qd[0]) != K || sd[0] != N)
     return ffi::Error::InvalidArgument(
         "cpu_qmatmul: expected x [M, K], q [K, N] (or [N, K]), scale [N], y [M, N]");
-  const int64_t M = xd[0], K = xd[1];
-  const int64_t N = transposed ? qd[0] : qd[1];
-  if ((transposed ? qd[1] : qd[0]) != K || sd[0] != N || yd[0] != M || yd[1] != N)
-    return ffi::Error::InvalidArgument("cpu_qmatmul: shapes do not match");
-  if (M == 0 || N == 0) return ffi::Error::Success();
-  if (K == 0) {
-    std::memset(y->typed_data(), 0, sizeof(float) * M * N);
-    return ffi::Error::Success();
-  }
+  if (pagedjax_matmul_ffi::empty_product(M, K, N, y->typed_data())) return ffi::Error::Success();
   auto work = make_work(x.typed_data(), q.typed_data(), scale.typed_data(), y->typed_data(), M,
                         K, N, transposed != 0);
-  run_qmatmul(work, pool.num_threads(), [&pool](auto task) { pool.Schedule(std::move(task)); });
+  run_qmatmul(work, pool.num_threads(), pagedjax_matmul_ffi::on_pool(pool));
   return ffi::Error::Success();
 }
 
@@ -308,7 +304,7 @@ extern "C" int PagedjaxSelfTest() {
 }
 
 // 1 when the kernel has its vectorized paths (x86-64 with AVX2 + FMA).
-extern "C" int PagedjaxFastQMatmul() { return pagedjax_isa::vectorized(); }
+PAGEDJAX_VECTORIZED_ENTRY(PagedjaxFastQMatmul)
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PagedjaxQMatmul, QMatmulImpl,
                               ffi::Ffi::Bind()

@@ -28,13 +28,12 @@ all. Cached beside the kernel's build (``<so>.<kernel>_rows.json``);
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
 from pathlib import Path
 
-from pagedjax.kernels_pallas.cpu import matmul_rows
+from pagedjax.kernels_pallas.cpu import matmul_rows, row_limit
 
 KERNELS = ("block", "int8")
 ENV = {"block": "PAGEDJAX_BLOCK_MATMUL_ROWS", "int8": "PAGEDJAX_INT8_MATMUL_ROWS"}
@@ -127,41 +126,22 @@ def cache_path(library: str | os.PathLike, kernel: str) -> Path:
 
 
 def read_cache(path: Path) -> dict | None:
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
+    data = row_limit.read_json(path, FORMAT)
+    if data is None or not row_limit.is_rows(data.get("rows")) or \
+            not isinstance(data.get("default"), bool):
         return None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        return None
-    rows, default = data.get("rows"), data.get("default")
-    if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0 or \
-            not isinstance(default, bool):
-        return None
-    return {"rows": rows, "default": default}
+    return {"rows": data["rows"], "default": data["default"]}
 
 
 def write_cache(path: Path, choice: dict, timings: dict) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = {"format": FORMAT, **choice,
-            "timings_s": {str(r): t for r, t in timings.items()}}
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
+    row_limit.write_json(path, {"format": FORMAT, **choice,
+                                "timings_s": {str(r): t for r, t in timings.items()}})
 
 
 def env_override(kernel: str) -> dict | None:
-    name = ENV[kernel]
-    v = os.environ.get(name, "").strip()
-    if not v:
+    rows = row_limit.env_rows(ENV[kernel], f"{kernel} matmuls")
+    if rows is None:
         return None
-    try:
-        rows = int(v)
-    except ValueError:
-        rows = -1
-    if rows < 0:
-        raise ValueError(f"{name}={v!r}: expected a non-negative integer (the most rows a "
-                         f"step may have to run its {kernel} matmuls in the C++ kernel; 0: never)")
     return {"rows": rows, "default": kernel == "block" and rows > 0}
 
 
@@ -175,19 +155,13 @@ def decide(kernel: str, library, measure_fn) -> dict:
         return override
     if library is None:
         return {"rows": 0, "default": False}
-    path = cache_path(library, kernel)
-    cached = read_cache(path)
-    if cached is not None:
-        return cached
-    timings = measure_fn()
-    choice = choose(timings)
-    if kernel != "block":
-        choice["default"] = False
-    try:
-        write_cache(path, choice, timings)
-    except OSError:
-        pass
-    return choice
+
+    def choose_for(timings):
+        choice = choose(timings)
+        return choice if kernel == "block" else {**choice, "default": False}
+
+    return row_limit.cached(cache_path(library, kernel), read_cache, measure_fn, choose_for,
+                            write_cache)
 
 
 def _library(kernel: str) -> str | None:

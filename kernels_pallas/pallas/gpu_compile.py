@@ -80,6 +80,9 @@ class KernelResources:
     spill_loads: int
     stack_bytes: int
     shared_bytes: int  # dynamic (Triton's) plus static
+    # When it spilled: the spill stores of the same PTX through the same ptxas
+    # without triton's ``--regAllocOptLevel=2`` (None: not measured).
+    spill_stores_default_alloc: int | None = None
 
 
 def _custom_calls(op, out: list) -> None:
@@ -188,11 +191,33 @@ def compile_kernel(kernel: TritonKernel, arch: str) -> KernelResources:
                                     f"{type(e).__name__}: {str(e)[:500]}; "
                                     + " | ".join(diag)) from e
     rep = parse_ptxas(report.getvalue())
+    again = None
+    if rep["spill_stores"] or rep["spill_loads"]:
+        again = default_alloc_spills(out.asm["ptx"], limits)
     return KernelResources(arch=arch, name=kernel.name, num_warps=kernel.num_warps,
                            num_stages=kernel.num_stages, registers=rep["registers"],
                            spill_stores=rep["spill_stores"], spill_loads=rep["spill_loads"],
                            stack_bytes=rep["stack_bytes"],
-                           shared_bytes=int(out.metadata.shared) + rep["static_smem"])
+                           shared_bytes=int(out.metadata.shared) + rep["static_smem"],
+                           spill_stores_default_alloc=again)
+
+
+def default_alloc_spills(ptx: str, limits: SmLimits) -> int:
+    """Spill stores of ``ptx`` through triton's ptxas for ``limits`` with ptxas'
+    default register allocator (triton adds ``--regAllocOptLevel=2``)."""
+    import subprocess
+
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.TemporaryDirectory(prefix="pagedjax-ptx-") as tmp:
+        src = os.path.join(tmp, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        proc = subprocess.run([get_ptxas(limits.cc).path, "-v", f"--gpu-name={limits.name}",
+                               src, "-o", src + ".o"], capture_output=True, text=True)
+    if proc.returncode:
+        raise CompileCheckError(f"ptxas (default allocator) failed: {proc.stderr[-500:]}")
+    return parse_ptxas(proc.stderr)["spill_stores"]
 
 
 def occupancy(res: KernelResources) -> dict[str, float]:
@@ -218,8 +243,10 @@ def check(res: KernelResources, headroom_registers: int = 0) -> KernelResources:
     lim = ARCHS[res.arch]
     problems = []
     if res.spill_stores or res.spill_loads:
+        alloc = ("" if res.spill_stores_default_alloc is None else
+                 f"; {res.spill_stores_default_alloc} B with ptxas' default allocator")
         problems.append(f"spills {res.spill_stores} B stored, {res.spill_loads} B loaded "
-                        f"({res.registers} registers)")
+                        f"({res.registers} registers{alloc})")
     if res.shared_bytes > lim.smem_per_block:
         problems.append(f"{res.shared_bytes} B of shared memory, more than the "
                         f"{lim.smem_per_block} B a block may use")

@@ -111,3 +111,24 @@ def decode_step(m: ModelShape, batch: int, ctx: int, kv_itemsize: int = 2) -> Co
     kv_write = batch * 2 * m.hkv * m.head_dim * kv_itemsize
     weights = Cost(m.weight_bytes_read(), 2.0 * m.matmul_params() * batch)
     return weights + (att + Cost(kv_write, 0.0)).scale(m.layers)
+
+
+def routed_rows(tokens: int, experts: int, top_k: int) -> list[int]:
+    """Rows per expert of ``tokens`` routed evenly: ``tokens * top_k`` rows over
+    the experts, one expert per row while there are fewer rows than experts."""
+    rows = tokens * top_k
+    if rows <= experts:
+        return [1] * rows
+    return [rows // experts + (e < rows % experts) for e in range(experts)]
+
+
+def grouped_matmul(rows_per_group: Sequence[int], k: int, n: int, *, block: int = 16,
+                   itemsize: int = 2) -> Cost:
+    """One blocked grouped-matmul launch (kernels_pallas/pallas/grouped_matmul.py):
+    every block of ``block`` rows reads its expert's whole ``[K, N]`` weight (so an
+    expert with up to ``block`` rows is read once), the rows once and the output
+    once; FLOPs count the padded rows the blocks multiply."""
+    blocks = sum(-(-r // block) for r in rows_per_group if r > 0)
+    rows = sum(rows_per_group)
+    nbytes = blocks * k * n * itemsize + rows * (k + n) * itemsize
+    return Cost(float(nbytes), 2.0 * blocks * block * k * n)

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
 import os
 
 import jax
-import jax.numpy as jnp
 from jax.sharding import SingleDeviceSharding
 
 from pagedjax.kernels_pallas.pallas import mosaic_tpu
+from pagedjax.kernels_pallas.pallas import variant_axes as va
 
 KERNEL_VMEM_LIMIT = 64 << 20  # what ragged_paged_attention asks for by default
 HEADROOM_VMEM_LIMIT = int(0.8 * KERNEL_VMEM_LIMIT)
@@ -64,39 +63,16 @@ def on_device(device):
 
 
 @dataclasses.dataclass(frozen=True)
-class TpuVariant:
-    kind: str = "decode"
-    head_dim: int = 128
-    group: int = 1
-    page_dtype: str = "bfloat16"
-    page_size: int = 16
-    window: bool = False
-    soft_cap: bool = False
-    pages_per_block: int | None = None  # None: the kernel's own choice
-    num_kv_heads: int = 2
-    pages_per_seq: int = 64
+class TpuVariant(va.Variant):
+    """The shared attention axes (:mod:`variant_axes`) and the Mosaic kernel's
+    pages per block (None: the kernel's own choice)."""
+
+    pages_per_block: int | None = None
 
     @property
     def label(self) -> str:
-        feats = "+".join(f for f, on in (("window", self.window), ("softcap", self.soft_cap))
-                         if on) or "-"
         ppb = f" ppb{self.pages_per_block}" if self.pages_per_block else ""
-        return (f"{self.kind} d{self.head_dim} g{self.group} {self.page_dtype} "
-                f"ps{self.page_size} {feats}{ppb}")
-
-
-def _args(v: TpuVariant, device):
-    t, s = (64, 64) if v.kind == "decode" else (512, 16)
-    hkv, d, ps = v.num_kv_heads, v.head_dim, v.page_size
-    n = s * v.pages_per_seq + 1
-    sh = SingleDeviceSharding(device)
-    sds = lambda shape, dt: jax.ShapeDtypeStruct(shape, jnp.dtype(dt), sharding=sh)  # noqa: E731
-    args = [sds((t, v.group * hkv, d), jnp.bfloat16), sds((n, 2, hkv, ps, d), v.page_dtype),
-            sds((s,), jnp.int32), sds((s, v.pages_per_seq), jnp.int32),
-            sds((s + 1,), jnp.int32), sds((1,), jnp.int32)]
-    if v.page_dtype != "bfloat16":
-        args.append(sds((n, 2, hkv, ps), jnp.float32))
-    return args
+        return f"{self.base_label}{ppb}"
 
 
 def compile_variant(v: TpuVariant, chip: str = "v5e",
@@ -107,22 +83,19 @@ def compile_variant(v: TpuVariant, chip: str = "v5e",
 
     def fn(q, kv, kv_lens, page_table, cu_q_lens, num_seqs, scales=None):
         return mosaic_tpu.ragged_paged_attention(
-            q, kv, kv_lens, page_table, cu_q_lens, num_seqs, sm_scale=v.head_dim ** -0.5,
-            sliding_window=4096 if v.window else None, soft_cap=50.0 if v.soft_cap else None,
-            kv_scales=scales, max_q_len=1 if v.kind == "decode" else None,
-            pages_per_block=v.pages_per_block, vmem_limit_bytes=vmem_limit_bytes)
+            q, kv, kv_lens, page_table, cu_q_lens, num_seqs, kv_scales=scales,
+            pages_per_block=v.pages_per_block, vmem_limit_bytes=vmem_limit_bytes,
+            **v.attention_kwargs())
 
     with on_device(device):
-        return jax.jit(fn).lower(*_args(v, device)).compile()
+        return jax.jit(fn).lower(*v.abstract_args(SingleDeviceSharding(device))).compile()
 
 
 def full_matrix() -> list[TpuVariant]:
     """Decode and mixed, head sizes 64/128/256, bf16/int8/fp8 pages, pages of
     16 and 128 tokens, with and without window + soft cap (G = 4)."""
-    return [TpuVariant(k, d, 4, dt, ps, f, f)
-            for k, d, dt, ps, f in itertools.product(
-                ("decode", "mixed"), (64, 128, 256), ("bfloat16", "int8", "float8_e4m3fn"),
-                (16, 128), (False, True))]
+    return [TpuVariant(**axes) for axes in va.product(
+        groups=(4,), page_sizes=(16, 128), features=((False, False), (True, True)))]
 
 
 def representative() -> list[TpuVariant]:

@@ -57,18 +57,34 @@ Softmax is online in f32 (running max ``m``, sum ``l``, accumulator
 forced to 0, so fully masked rows give 0, never NaN.
 
 Block sizes and warps (register headroom). The K/V tiles are gathered
-through tensors of pointers (one 64-bit address per element until the load),
+through tensors of pointers (one 64-bit address per vector until the load),
 so registers per thread grow with ``BK * D`` and ``M * D`` over the threads of
-a block. Compiled for sm_90a and sm_80 (kernels_pallas/pallas/gpu_compile.py),
-mixed tiles of ``M = 64`` rows on 4 warps used 242-255 registers at
-``D = 128`` and spilled at ``D = 256``. So: mixed tiles hold ``M = 32`` rows
-(``BQ = 32 // G`` queries), decode tiles 16; ``D = 256`` runs on 8 warps,
-smaller heads on 4; ``BK`` = 64 keys (32 at ``D = 256``). The checked
-variants then use at most 219 registers, with no spill beyond a few bytes
-that ptxas 13 spills at exact occupancy steps (96, 128, 168 registers)
-(BENCHMARKS.md lists each, with its occupancy: 2-6 blocks of 4 warps, or 1-2
-of 8, per SM). The cost: a prefill chunk's keys are read once per 32 query
-rows instead of 64 (from L2 mostly; prefill stays compute-bound).
+a block. Compiled for sm_90a and sm_80 (kernels_pallas/pallas/gpu_compile.py):
+
+* mixed tiles of ``M = 64`` rows on 4 warps used 242-255 registers at
+  ``D = 128`` and spilled at ``D = 256``: hence tiles of at most 32 rows;
+* with 4-warp blocks, ptxas spilled 4-36 B in some variants at exactly 96,
+  128 or 168 registers. Those are *occupancy steps*: the most registers at
+  which one more block still fits on an SM (65,536 / (128 threads x r)).
+  When a kernel needs a few registers more than a step, ptxas caps it at the
+  step and spills the rest (ptxas 12 for sm_80 does it with any flags;
+  ptxas 13 for sm_90a with triton's ``--regAllocOptLevel=2``). It is not
+  register pressure, and ``maxnreg``, which would pin the count, is not a
+  Pallas compiler parameter; the remedy is to keep each tile's count away
+  from steps. Steps are dense for 4-warp blocks (64, 72, 80, 96, 128, 168)
+  and sparse for 8-warp blocks (64, 80, 128: 4, 3 and 2 blocks per SM).
+
+So every program runs on ``NUM_WARPS = 8``; mixed tiles hold ``M = 32`` query
+rows (``BQ = 32 // G``) at ``D <= 64`` and 16 rows above, like decode tiles;
+``BK`` = 64 keys (32 at ``D = 256``). Every tile then needs at most 128
+registers (at least 127 spare), gets 2 blocks of 8 warps per SM (25%
+occupancy; 3-4 blocks where it needs 80 or fewer), where 4-warp mixed tiles
+of 32 rows at ``D >= 128`` get 12-19%. On sm_80 no compile of the checked
+variants spills; on sm_90a about 2 in 100 still land exactly on the 64-, 80-
+or 128-register step and spill 8-16 B under triton's allocator flag, which
+ptxas' default allocator fits with no spill (BENCHMARKS.md lists them; the
+check still fails them). The cost: at ``D >= 128`` a prefill chunk's keys
+are read once per 16 query rows (from L2 mostly).
 
 Native limits (checked, ValueError): head_dim a power of two >= 16 (Triton
 dot); ``interpret=True`` accepts any power of two so CPU tests can stay tiny.
@@ -90,10 +106,11 @@ from pagedjax.kernels_pallas.reference import check_args
 from pagedjax.kernels_pallas.tiling import tile_table
 
 _NEG = -1e30
-# Query rows of a mixed tile (BQ * G, rounded up to a power of two) and the head
-# size from which blocks get 8 warps: register headroom (module docstring).
-_MIXED_ROWS = 32
-_WIDE_HEAD = 256
+# Query rows of a mixed tile (BQ * G, rounded up to a power of two) by head size,
+# and warps per program: register headroom (module docstring).
+_SMALL_HEAD, _SMALL_HEAD_ROWS = 64, 32  # larger heads: 16 rows, as decode tiles
+_TILE_ROWS = 16
+NUM_WARPS = 8
 # Programs wanted in flight for a decode step: ~2 waves on an H100/H200.
 _TARGET_PROGRAMS = 264
 _MAX_SPLITS = 16
@@ -302,8 +319,8 @@ def plan(t: int, s: int, hq: int, hkv: int, d: int, page_size: int, pages_per_se
     g = hq // hkv
     if block_q is None:
         bound = t if max_q_len is None else min(max_q_len, t)
-        block_q = 1 if bound <= 1 else max(1, min(bound, _MIXED_ROWS // g))
-    m_rows = _next_pow2(max(block_q * g, 16))
+        block_q = 1 if bound <= 1 else max(1, min(bound, mixed_rows(d) // g))
+    m_rows = _next_pow2(max(block_q * g, _TILE_ROWS))
     num_tiles = t if block_q == 1 else min(t, -(-t // block_q) + s)
     num_tiles = max(num_tiles, 1)
     ctx = pages_per_seq * page_size
@@ -318,6 +335,11 @@ def plan(t: int, s: int, hq: int, hkv: int, d: int, page_size: int, pages_per_se
         want = -(-_TARGET_PROGRAMS // (num_tiles * hkv))
         kv_splits = max(1, min(want, blocks, _MAX_SPLITS))
     return block_q, m_rows, block_k, num_tiles, kv_splits
+
+
+def mixed_rows(d: int) -> int:
+    """Query rows (``BQ * G``) of a mixed tile at head size ``d``."""
+    return _SMALL_HEAD_ROWS if d <= _SMALL_HEAD else _TILE_ROWS
 
 
 def ragged_paged_attention(
@@ -347,7 +369,7 @@ def ragged_paged_attention(
     bq, m_rows, bk, num_tiles, splits = plan(
         t, s, hq, hkv, d, page_size, p, max_q_len, block_q, block_k, kv_splits)
     if num_warps is None:
-        num_warps = 8 if (d >= _WIDE_HEAD or m_rows > 64) else 4
+        num_warps = NUM_WARPS
     return _run(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, kv_scales,
                 sm_scale=float(sm_scale),
                 sliding_window=None if sliding_window is None else int(sliding_window),

@@ -4,15 +4,21 @@
         --request-rate 4 --random-input-len 256 --random-output-len 128
     pagedjax bench serve --base-url http://127.0.0.1:8080 --endpoint /v1/chat/completions \\
         --dataset-name sharegpt --dataset-path sharegpt.json --max-concurrency 8
+    pagedjax bench serve --start-server --server-args "--max-num-seqs 32" \\
+        --dataset-name sharegpt-lengths --request-rate 0.5 1 2 inf --warmup-prompts 4
 
 Requests stream from ``/v1/completions`` (or chat completions) at a Poisson
-rate (``--request-rate``, ``inf`` = all at once; ``--burstiness`` shapes the
-gaps as a gamma distribution, 1 = Poisson) and/or with at most
-``--max-concurrency`` in flight. ``ignore_eos`` (understood by pagedjax, vLLM
-and llama.cpp's server) holds each output to its length. Token counts come
-from the server's own ``usage``, so no tokenizer is needed. The report (vLLM's:
-throughput, TTFT, TPOT, ITL, E2EL percentiles, goodput under ``--goodput``
-SLOs) is printed as a table and written as JSON with ``--save-result``.
+rate (``--request-rate``, ``inf`` = all at once, several values = one run
+each; ``--burstiness`` shapes the gaps as a gamma distribution, 1 = Poisson)
+and/or with at most ``--max-concurrency`` in flight, against one or several
+``--base-url`` s, or against a pagedjax server the command starts and stops
+itself (``--start-server``, its options in ``--server-args``).
+``--warmup-prompts`` requests go to each server first, unmeasured.
+``ignore_eos`` (understood by pagedjax, vLLM and llama.cpp's server) holds each
+output to its length. Token counts come from the server's own ``usage``, so
+no tokenizer is needed. The report (vLLM's: throughput, TTFT, TPOT, ITL, E2EL
+percentiles, goodput under ``--goodput`` SLOs) is printed as a table and
+written as JSON with ``--save-result``; several runs are compared side by side.
 """
 
 from __future__ import annotations
@@ -26,9 +32,13 @@ import time
 from datetime import datetime
 from typing import Optional
 
-from pagedjax.benchmarks.serve_data import BenchRequest, random_requests, sharegpt_requests
+from pagedjax.benchmarks.serve_data import (BenchRequest, random_requests,
+                                             sharegpt_length_requests, sharegpt_requests)
 from pagedjax.benchmarks.serve_metrics import (METRICS, RequestResult, parse_goodput,
                                                summarize, table)
+from pagedjax.benchmarks.serve_server import free_port, pagedjax_command, start, stop
+
+DATASETS = ["random", "sharegpt", "sharegpt-lengths"]
 
 
 def add_cli_args(p: argparse.ArgumentParser) -> None:
@@ -41,14 +51,30 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
                    choices=["/v1/completions", "/v1/chat/completions"])
     p.add_argument("--model", default=None, help="default: the first of GET /v1/models")
     p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"))
-    p.add_argument("--dataset-name", default="random", choices=["random", "sharegpt"])
+    p.add_argument("--start-server", action="store_true",
+                   help="start a pagedjax server for the run (stopped after), instead of "
+                        "--base-url")
+    p.add_argument("--server-args", default="",
+                   help="options of the started server, one string (e.g. '--model M "
+                        "--max-num-seqs 32')")
+    p.add_argument("--server-start-timeout", type=float, default=900.0)
+    p.add_argument("--warmup-prompts", type=int, default=0,
+                   help="requests sent to each server first, not measured")
+    p.add_argument("--dataset-name", default="random", choices=DATASETS)
     p.add_argument("--dataset-path", default=None, help="ShareGPT JSON file")
+    p.add_argument("--sharegpt-lengths-scale", type=float, default=0.15,
+                   help="sharegpt-lengths: ShareGPT's mean lengths times this (0.15: ~24 in "
+                        "/ ~51 out tokens)")
+    p.add_argument("--sharegpt-lengths-max-len", type=int, default=512,
+                   help="sharegpt-lengths: input + output at most this")
     p.add_argument("--num-prompts", type=int, default=100)
     p.add_argument("--random-input-len", type=int, default=128)
     p.add_argument("--random-output-len", type=int, default=64)
     p.add_argument("--random-range-ratio", type=float, default=0.0)
     p.add_argument("--sharegpt-output-len", type=int, default=None)
-    p.add_argument("--request-rate", type=float, default=float("inf"))
+    p.add_argument("--request-rate", type=float, nargs="+", default=[float("inf")],
+                   help="requests/s (inf: all at once); several: one run each")
+    p.add_argument("--request-rates", default=None, help=argparse.SUPPRESS)  # a,b,c (older)
     p.add_argument("--burstiness", type=float, default=1.0)
     p.add_argument("--max-concurrency", type=int, default=None)
     p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True)
@@ -181,10 +207,23 @@ def first_model(base_url: str, api_key: Optional[str]) -> str:
 
 
 def check_args(ns) -> None:
+    if getattr(ns, "request_rates", None):
+        try:
+            ns.request_rate = [float(x) for x in ns.request_rates.split(",")]
+        except ValueError:
+            raise ValueError("--request-rates: comma-separated numbers (inf: all at once)"
+                             ) from None
+        ns.request_rates = None
+    if not isinstance(ns.request_rate, list):
+        ns.request_rate = [ns.request_rate]
     if ns.num_prompts < 1:
         raise ValueError("--num-prompts must be >= 1")
-    if not ns.request_rate > 0:
+    if ns.warmup_prompts < 0:
+        raise ValueError("--warmup-prompts must be >= 0")
+    if not all(r > 0 for r in ns.request_rate):
         raise ValueError("--request-rate must be > 0 (inf: all at once)")
+    if ns.start_server and ns.base_url:
+        raise ValueError("give --base-url or --start-server, not both")
     if ns.burstiness <= 0:
         raise ValueError("--burstiness must be > 0")
     if ns.max_concurrency is not None and ns.max_concurrency < 1:
@@ -197,17 +236,33 @@ def check_args(ns) -> None:
 
 
 def benchmark(ns) -> dict:
-    """Run the benchmark of ``ns`` (parsed options) against each server; the report
-    as a dict (with several servers: ``{"servers": [report, ...]}``)."""
+    """Run the benchmark of ``ns`` (parsed options) against each server and at each
+    request rate; the report as a dict (with several runs: ``{"servers": [report, ...]}``)."""
     check_args(ns)
-    urls = ns.base_url or [f"http://{ns.host}:{ns.port}"]
-    labels = ns.label or urls
-    if len(labels) != len(urls):
-        raise ValueError(f"give one --label per --base-url ({len(urls)}), got {len(labels)}")
-    reports = []
-    for url, label in zip(urls, labels):
-        one = argparse.Namespace(**{**vars(ns), "base_url": url, "label": label})
-        reports.append(_benchmark_one(one))
+    proc = None
+    if ns.start_server:
+        port = free_port()
+        urls = [f"http://127.0.0.1:{port}"]
+        print(f"starting a pagedjax server on port {port} ...", flush=True)
+        proc = start(pagedjax_command(port, ns.server_args), urls[0], ns.server_start_timeout)
+    else:
+        urls = ns.base_url or [f"http://{ns.host}:{ns.port}"]
+    labels = ns.label or (["pagedjax (started)"] if proc else urls)
+    try:
+        if len(labels) != len(urls):
+            raise ValueError(f"give one --label per --base-url ({len(urls)}), got {len(labels)}")
+        reports = []
+        for url, label in zip(urls, labels):
+            if ns.warmup_prompts:
+                warm_up(argparse.Namespace(**{**vars(ns), "base_url": url}))
+            for rate in ns.request_rate:
+                name = label if len(ns.request_rate) == 1 else f"{label} @ {rate:g}/s"
+                one = argparse.Namespace(**{**vars(ns), "base_url": url, "label": name,
+                                            "request_rate": rate})
+                reports.append(_benchmark_one(one))
+    finally:
+        if proc is not None:
+            stop(proc)
     if len(reports) == 1:
         rep = reports[0]
     else:
@@ -221,6 +276,24 @@ def benchmark(ns) -> dict:
             json.dump(rep, f, indent=1)
         print(f"wrote {path}")
     return rep
+
+
+def warm_up(ns) -> None:
+    """``--warmup-prompts`` short requests, all at once, not measured."""
+    model = ns.model or first_model(ns.base_url, ns.api_key)
+    reqs = random_requests(ns.warmup_prompts, 16, 8, 0.0, ns.seed + 1)
+    w = argparse.Namespace(**{**vars(ns), "request_rate": float("inf"), "disable_tqdm": True})
+    asyncio.run(run(w, model, reqs))
+
+
+def _requests(ns) -> list[BenchRequest]:
+    if ns.dataset_name == "random":
+        return random_requests(ns.num_prompts, ns.random_input_len, ns.random_output_len,
+                               ns.random_range_ratio, ns.seed)
+    if ns.dataset_name == "sharegpt-lengths":
+        return sharegpt_length_requests(ns.num_prompts, ns.sharegpt_lengths_scale,
+                                        ns.sharegpt_lengths_max_len, ns.seed)
+    return sharegpt_requests(ns.dataset_path, ns.num_prompts, ns.seed, ns.sharegpt_output_len)
 
 
 COMPARED = [("request_throughput", "req/s"), ("output_throughput", "out tok/s"),
@@ -242,12 +315,7 @@ def _benchmark_one(ns) -> dict:
     slos = parse_goodput(ns.goodput)
     percentiles = [float(p) for p in ns.metric_percentiles.split(",")]
     model = ns.model or first_model(ns.base_url, ns.api_key)
-    if ns.dataset_name == "random":
-        reqs = random_requests(ns.num_prompts, ns.random_input_len, ns.random_output_len,
-                               ns.random_range_ratio, ns.seed)
-    else:
-        reqs = sharegpt_requests(ns.dataset_path, ns.num_prompts, ns.seed,
-                                 ns.sharegpt_output_len)
+    reqs = _requests(ns)
     results, duration = asyncio.run(run(ns, model, reqs))
     rep = summarize(results, duration, percentiles, slos)
     rep.update(date=datetime.now().strftime("%Y%m%d-%H%M%S"), base_url=ns.base_url,
@@ -270,7 +338,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ns = p.parse_args(argv)
     try:
         benchmark(ns)
-    except ValueError as e:
+    except (ValueError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

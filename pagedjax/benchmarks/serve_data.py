@@ -9,13 +9,18 @@ against any OpenAI-compatible server.
   over ``[len * (1 - range_ratio), len * (1 + range_ratio)]``;
 * ``sharegpt``: the first human turn of each conversation of a ShareGPT JSON
   file (``[{"conversations": [{"from": "human", "value": ..}, {"from": "gpt",
-  "value": ..}]}]``), the reply's length (4/3 tokens a word) as output length.
+  "value": ..}]}]``), the reply's length (4/3 tokens a word) as output length;
+* ``sharegpt-lengths``: no file, ShareGPT's length shape: lognormal lengths
+  (sigma 0.8) around the vLLM paper's ShareGPT means (161 input / 338 output
+  tokens) times ``scale``, word prompts as in ``random``, input and output
+  together within ``max_len``.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import math
 from dataclasses import dataclass
 
 WORDS = ("the of and to in is that for it as was with be by on not he this are or his from "
@@ -27,6 +32,9 @@ WORDS = ("the of and to in is that for it as was with be by on not he this are o
          "own men work long here get both between life being under never day same another "
          "know while last might great old year off come since go against came right used "
          "take three small place house water room city music story light garden river").split()
+
+
+SHAREGPT_MEAN_IN, SHAREGPT_MEAN_OUT = 161, 338
 
 
 @dataclass
@@ -52,6 +60,25 @@ def random_requests(n: int, input_len: int, output_len: int, range_ratio: float,
         k = draw(input_len)
         out.append(BenchRequest(" ".join(rng.choice(WORDS) for _ in range(k)), draw(output_len),
                                 k))
+    return out
+
+
+def sharegpt_length_requests(n: int, scale: float, max_len: int, seed: int,
+                             sigma: float = 0.8) -> list[BenchRequest]:
+    if not scale > 0 or max_len < 2:
+        raise ValueError("--sharegpt-lengths-scale must be > 0 and --sharegpt-lengths-max-len "
+                         ">= 2")
+    rng = random.Random(seed)
+
+    def draw(mean: float) -> int:
+        return max(1, round(rng.lognormvariate(math.log(max(mean * scale, 1.0)) - sigma ** 2 / 2,
+                                               sigma)))
+
+    out = []
+    for _ in range(n):
+        k = min(draw(SHAREGPT_MEAN_IN), max_len // 2)
+        o = max(1, min(draw(SHAREGPT_MEAN_OUT), max_len - k - 1))
+        out.append(BenchRequest(" ".join(rng.choice(WORDS) for _ in range(k)), o, k))
     return out
 
 

@@ -16,9 +16,12 @@ Systems, all on identical prompt token ids and identical output lengths
   profile and a sharing experiment (8 prompts x ``n=4`` vs 32 independent);
   ``--quantization int8|gguf`` keeps pagedjax's weights quantized on the device
   (the weight memory and the mode go into the JSON);
-* **HF static** and **HF continuous** (pagedjax/benchmarks/hf_baselines.py):
-  transformers ``generate`` on static batches of 16, and transformers' own
-  continuous batching.
+* **HF static** and **HF continuous** (``benchmarks/throughput/hf_baselines.py``
+  in the repository): transformers ``generate`` on static batches of 16, and
+  transformers' own continuous batching. The installed package holds no torch
+  code: the baselines run from a checkout (found beside the package or under
+  the working directory) or from ``--hf-baselines PATH``; without the script
+  pagedjax runs alone and says how to add them.
 
 Fairness: each system runs in a fresh ``python`` process of its own (a
 baseline that shares a process, thread pools or caches with another system is
@@ -46,8 +49,8 @@ import time
 import numpy as np
 
 from pagedjax.benchmarks import machine  # noqa: E402
-from pagedjax.benchmarks.hf_baselines import HF_STATIC_BATCH  # noqa: E402
 from pagedjax.benchmarks.workload import (  # noqa: E402
+    HF_STATIC_BATCH,
     SHAREGPT_MEAN_IN,
     SHAREGPT_MEAN_OUT,
     WORKLOADS,
@@ -60,6 +63,27 @@ from pagedjax.benchmarks.workload import (  # noqa: E402
 DEFAULT_JSON = (os.path.join("benchmarks", "results", "throughput.json")
                 if os.path.isdir("benchmarks") else "pagedjax_throughput.json")
 SYSTEMS = ("pagedjax", "hf_static", "hf_continuous")
+HF_SCRIPT = os.path.join("benchmarks", "throughput", "hf_baselines.py")
+NO_HF_SCRIPT = ("the transformers baselines are a script of the pagedjax repository ({script}), "
+                "not part of the installed package: run this command from a checkout of the "
+                "repository, or pass --hf-baselines PATH/TO/hf_baselines.py (--skip-hf: "
+                "pagedjax alone, without this note). Running pagedjax alone.")
+
+
+def find_hf_baselines(explicit: str | None = None, cwd: str | None = None) -> str | None:
+    """The transformers baselines' script: ``explicit``, else the checkout's beside the
+    package (an editable install) or under ``cwd``; None when there is none."""
+    if explicit:
+        return explicit if os.path.isfile(explicit) else None
+    import pagedjax
+
+    roots = (os.path.dirname(os.path.dirname(os.path.abspath(pagedjax.__file__))),
+             cwd or os.getcwd())
+    for root in roots:
+        path = os.path.join(root, HF_SCRIPT)
+        if os.path.isfile(path):
+            return path
+    return None
 
 
 # ---------------------------------------------------------------------- workers
@@ -89,44 +113,40 @@ def worker(ns) -> int:
 
 
 def run_system(name: str, reqs, vocab: int, ns) -> dict:
-    """One system on the workload (in this process). -> result dict with "_tokens"."""
-    if name == "pagedjax":
-        import jax
+    """pagedjax on the workload (in this process). -> result dict with "_tokens"."""
+    import jax
 
-        from pagedjax.benchmarks.run_pagedjax import run_pagedjax, sharing_experiment
+    from pagedjax.benchmarks.run_pagedjax import run_pagedjax, sharing_experiment
 
-        res, llm = run_pagedjax(reqs, ns)
-        res["jax_backend"] = jax.default_backend()
-        if not ns.skip_sharing:
-            try:
-                res["sharing"] = sharing_experiment(llm, vocab, ns)
-            except Exception as e:  # noqa: BLE001 - reported, the rest still runs
-                res["sharing"] = {"error": f"{type(e).__name__}: {e}"}
-        return res
-    import torch
-
-    from pagedjax.benchmarks.hf_baselines import load_hf_model, run_hf_continuous, run_hf_static
-
-    t = time.perf_counter()
-    model, source = load_hf_model(ns.model, use_cache=not ns.no_hf_cache)
-    info = {"source": source, "dtype": "float32", "load_s": time.perf_counter() - t,
-            "torch_threads": torch.get_num_threads()}
-    try:
-        if name == "hf_static":
-            res = run_hf_static(model, reqs, ns.hf_batch_size)
-        else:
-            res = run_hf_continuous(model, reqs, ns.max_num_seqs, _mnbt(ns))
-    except Exception as e:  # noqa: BLE001 - a baseline that cannot run is a result too
-        res = {"system": name, "error": f"{type(e).__name__}: {e}"}
-    res["hf_model"] = info
+    res, llm = run_pagedjax(reqs, ns)
+    res["jax_backend"] = jax.default_backend()
+    if not ns.skip_sharing:
+        try:
+            res["sharing"] = sharing_experiment(llm, vocab, ns)
+        except Exception as e:  # noqa: BLE001 - reported, the rest still runs
+            res["sharing"] = {"error": f"{type(e).__name__}: {e}"}
     return res
+
+
+def _hf_command(ns, system: str, tmp: str, out: str) -> list[str]:
+    """The baseline script's command line for one transformers system."""
+    cmd = [sys.executable, ns.hf_baselines, "--system", system,
+           "--worker-in", os.path.join(tmp, "workload.json"), "--worker-out", out,
+           "--hf-batch-size", str(ns.hf_batch_size), "--max-num-seqs", str(ns.max_num_seqs),
+           "--max-num-batched-tokens", str(_mnbt(ns))]
+    if ns.model:
+        cmd += ["--model", ns.model]
+    return cmd + (["--no-hf-cache"] if ns.no_hf_cache else [])
 
 
 def _spawn(ns, argv, system: str, tmp: str, tag: str) -> dict:
     """Run one worker in a fresh interpreter; -> its JSON result."""
     out = os.path.join(tmp, f"{tag}.json")
-    cmd = [sys.executable, "-m", "pagedjax.benchmarks.throughput", *argv, "--worker", system,
-           "--worker-in", os.path.join(tmp, "workload.json"), "--worker-out", out]
+    if system.startswith("hf_"):
+        cmd = _hf_command(ns, system, tmp, out)
+    else:
+        cmd = [sys.executable, "-m", "pagedjax.benchmarks.throughput", *argv, "--worker",
+               system, "--worker-in", os.path.join(tmp, "workload.json"), "--worker-out", out]
     env = dict(os.environ)
     load0, t0 = machine.loadavg(), time.time()
     r = subprocess.run(cmd, env=env)
@@ -176,6 +196,13 @@ def main(argv=None) -> int:
     ns = parse_args(argv)
     if ns.worker:
         return worker(ns)
+    if not ns.skip_hf:
+        found = find_hf_baselines(ns.hf_baselines)
+        if found is None:
+            print("note: " + NO_HF_SCRIPT.format(script=ns.hf_baselines or HF_SCRIPT),
+                  file=sys.stderr)
+            ns.skip_hf = True
+        ns.hf_baselines = found
     systems = ["pagedjax"] + ([] if ns.skip_hf else ["hf_static"]) + (
         [] if ns.skip_hf or ns.skip_hf_continuous else ["hf_continuous"])
     report: dict = {"benchmark": "throughput", "args": vars(ns), "machine": machine.machine(),
@@ -317,6 +344,9 @@ def parse_args(argv=None):
                    help="shapes: compile the step shapes the workload can reach; pass: run the "
                         "workload once untimed")
     p.add_argument("--hf-batch-size", type=int, default=HF_STATIC_BATCH)
+    p.add_argument("--hf-baselines", default=None, metavar="PATH",
+                   help=f"the transformers baselines' script (default: {HF_SCRIPT} of a "
+                        "checkout; the installed package does not ship it)")
     p.add_argument("--skip-hf", action="store_true", help="skip both transformers baselines")
     p.add_argument("--skip-hf-continuous", action="store_true")
     p.add_argument("--skip-sharing", action="store_true")

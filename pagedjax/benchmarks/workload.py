@@ -18,6 +18,7 @@ import math
 import numpy as np
 
 SHAREGPT_MEAN_IN, SHAREGPT_MEAN_OUT = 161, 338
+HF_STATIC_BATCH = 16  # the transformers static baseline's batch size
 WORKLOADS = {
     "sharegpt": {"num_requests": 64, "input_mean": 80.0, "output_mean": 120.0},
     "long": {"num_requests": 32, "input_mean": 64.0, "output_mean": 256.0},

@@ -54,6 +54,13 @@ The stored key tuple is compared on lookup, so a hash collision on the last
 level cannot hand out wrong content. Callers may pass `block_hashes`, a list
 the pool extends in place, to avoid rehashing a request's tokens every step.
 
+KV groups (core/kv_groups.py): a hybrid model keeps one page table per group of
+layers, and a page holds the K/V of one group only. `group` (default 0) names
+the group a page's content belongs to in register / peek_prefix / lookup /
+cached_block, so the same tokens cached for two groups are two pages. A page
+table of a sliding-window group holds NULL_PAGE where its pages were given
+back; register skips those entries.
+
 Prefix counters count TOKENS (as vLLM does): prefix_queries += tokens looked
 up, prefix_hits += tokens found.
 """
@@ -115,8 +122,8 @@ class PagePool:
         self._cached: OrderedDict[int, None] = OrderedDict()  # LRU first
         self._num_used = 0
         self._page_key: dict[int, tuple] = {}    # page -> (parent, tokens, extra)
-        self._page_hash: dict[int, int] = {}     # page -> block hash
-        self._hash_to_page: dict[int, int] = {}  # block hash -> page
+        self._page_hash: dict[int, object] = {}     # page -> its cache key (see _ckey)
+        self._hash_to_page: dict[object, int] = {}  # cache key -> page
         self.prefix_hits = 0
         self.prefix_queries = 0
 
@@ -226,6 +233,28 @@ class PagePool:
         if self._hash_to_page.get(h) == page:
             del self._hash_to_page[h]
 
+    @staticmethod
+    def _ckey(h: int, group: int):
+        """The cache key of block hash h in KV group ``group`` (group 0: h itself)."""
+        return h if group == 0 else (group, h)
+
+    def block_hash(self, i: int, token_ids: Sequence[int], extra_key: Hashable,
+                   hashes: list[int]) -> int:
+        """The hash of full block i (``hashes`` is extended in place as far as i)."""
+        for k in range(len(hashes), i + 1):
+            self._block_key(k, token_ids, extra_key, hashes)
+        return hashes[i]
+
+    def cached_block(self, i: int, token_ids: Sequence[int], extra_key: Hashable = None, *,
+                     block_hashes: list[int], group: int = 0) -> int | None:
+        """The page caching full block i for ``group``, or None; no refs, no counters."""
+        if not self.enable_prefix_caching:
+            return None
+        self.block_hash(i, token_ids, extra_key, block_hashes)
+        key, h = self._block_key(i, token_ids, extra_key, block_hashes)
+        page = self._hash_to_page.get(self._ckey(h, group))
+        return page if page is not None and self._page_key[page] == key else None
+
     def _block_key(self, i: int, token_ids: Sequence[int], extra_key: Hashable,
                    hashes: list[int]) -> tuple[tuple, int]:
         """Key and hash of block i; hashes[:i] must be known. Extends hashes."""
@@ -237,7 +266,7 @@ class PagePool:
         return key, hashes[i]
 
     def peek_prefix(self, token_ids: Sequence[int], extra_key: Hashable = None, *,
-                    block_hashes: list[int] | None = None) -> list[int]:
+                    block_hashes: list[int] | None = None, group: int = 0) -> list[int]:
         """Cached pages for the longest full-page prefix; no refs, no counters."""
         if not self.enable_prefix_caching:
             return []
@@ -245,17 +274,17 @@ class PagePool:
         pages = []
         for i in range((len(token_ids) - 1) // self.page_size):
             key, h = self._block_key(i, token_ids, extra_key, hashes)
-            page = self._hash_to_page.get(h)
+            page = self._hash_to_page.get(self._ckey(h, group))
             if page is None or self._page_key[page] != key:
                 break
             pages.append(page)
         return pages
 
     def lookup(self, token_ids: Sequence[int], extra_key: Hashable = None, *,
-               block_hashes: list[int] | None = None) -> list[int]:
+               block_hashes: list[int] | None = None, group: int = 0) -> list[int]:
         if not self.enable_prefix_caching:
             return []
-        pages = self.peek_prefix(token_ids, extra_key, block_hashes=block_hashes)
+        pages = self.peek_prefix(token_ids, extra_key, block_hashes=block_hashes, group=group)
         self.acquire(pages)
         self.prefix_queries += len(token_ids)
         self.prefix_hits += len(pages) * self.page_size
@@ -263,7 +292,8 @@ class PagePool:
 
     def register(self, page_ids: Sequence[int], token_ids: Sequence[int],
                  num_computed_tokens: int, extra_key: Hashable = None, *,
-                 block_hashes: list[int] | None = None, start_page: int = 0) -> int:
+                 block_hashes: list[int] | None = None, start_page: int = 0,
+                 group: int = 0) -> int:
         """Register pages [start_page, full) whose tokens are all computed.
 
         `start_page` skips pages already offered (needs `block_hashes` to cover
@@ -278,13 +308,16 @@ class PagePool:
         for i in range(start, full):
             key, h = self._block_key(i, token_ids, extra_key, hashes)
             page = page_ids[i]
+            if page == NULL_PAGE:  # given back by a sliding-window group
+                continue
             if self._ref[page] == 0:
                 raise ValueError(f"cannot register page {page}: nobody holds it")
-            if page in self._page_hash or h in self._hash_to_page:
+            ck = self._ckey(h, group)
+            if page in self._page_hash or ck in self._hash_to_page:
                 continue
-            self._page_hash[page] = h
+            self._page_hash[page] = ck
             self._page_key[page] = key
-            self._hash_to_page[h] = page
+            self._hash_to_page[ck] = page
         return full
 
     def evict(self, n: int | None = None) -> int:

@@ -10,7 +10,7 @@ preemption are the same thing.
 `sampling_params` is duck-typed; these attributes are read once, at
 construction (missing ones take the default):
 
-    max_tokens      int | None   None = until max_model_len
+    max_tokens      int | None   None = until max_model_len; 0 = prefill only
     min_tokens      int  = 0     EOS / stop_token_ids are ignored until the
                                  request has MORE than min_tokens outputs
     stop_token_ids  list | None  finish 'stop', stop_reason = the token id
@@ -40,6 +40,8 @@ Fields the scheduler and the page pool keep on a request:
     num_registered_pages  how many leading pages were offered to the cache
     num_pages_sent        leading pages of page_ids unchanged since its latest
                           row (the rest go out in the next row's new_page_ids)
+    group_pages           the page tables of KV groups 1.. (hybrid models)
+    group_pages_sent      per group 1..: as num_pages_sent for its table
     first_scheduled       set on first admission (num_cached_tokens is
                           recorded then, not again after a preemption)
     max_num_tokens        prompt + outputs at which it finishes with 'length'
@@ -110,7 +112,9 @@ class Request:
                  "parent_id", "sample_index", "block_hashes", "num_registered_pages",
                  "num_pages_sent",
                  "first_scheduled", "num_pending", "spec_token_ids", "waiting_seq",
-                 "max_num_tokens", "_finishers", "mm_items")
+                 "max_num_tokens", "_finishers", "mm_items", "prefill_only", "group_pages",
+                 "group_pages_sent",
+                 "mrope")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: Any,
                  eos_token_ids: tuple[int, ...] = (), arrival_time: float | None = None,
@@ -132,6 +136,9 @@ class Request:
             _param(sampling_params, "stop_token_ids", None) or ())
         self.ignore_eos: bool = bool(_param(sampling_params, "ignore_eos", False))
         self.n: int = _param(sampling_params, "n", 1)
+        # max_tokens=0: prefill only (pooling): no row samples, and the request finishes
+        # ('length') when its last prompt chunk's step lands.
+        self.prefill_only: bool = self.max_tokens == 0
         # Tokens (prompt + outputs) at which it finishes with 'length': max_tokens here;
         # the scheduler lowers it to its length cap when the request is added.
         self.max_num_tokens: int = (len(self.prompt_token_ids) + self.max_tokens
@@ -144,6 +151,10 @@ class Request:
         self.num_computed_tokens = 0
         self.status = RequestStatus.WAITING
         self.page_ids: list[int] = []
+        # Page tables of KV groups 1.. of a hybrid model (core/group_pages.py); group 0's
+        # is page_ids.
+        self.group_pages: list[list[int]] = []
+        self.group_pages_sent: list[int] = []
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.num_preemptions = 0
@@ -163,6 +174,9 @@ class Request:
         self.waiting_seq: int | None = None
         # Images in the prompt (core/mm_item.py MMItem, by offset); () for text.
         self.mm_items: tuple = ()
+        # M-RoPE models: (the prompt's positions i32[3, prompt len], delta) or None
+        # (positions past the prompt are position + delta; see models/qwen2_5_vl.py).
+        self.mrope = None
 
     # ---- token views -------------------------------------------------------
     @property
@@ -263,6 +277,7 @@ class Request:
         child.sample_index = sample_index
         child.max_num_tokens = self.max_num_tokens
         child.mm_items = self.mm_items
+        child.mrope = self.mrope
         return child
 
     def __repr__(self) -> str:

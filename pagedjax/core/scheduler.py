@@ -25,17 +25,26 @@ steps). A request whose placeholders already reach a length limit is not
 scheduled again; a preempted request with a placeholder waits for it.
 
 `update(output, sampled)` (below) then applies the step's
-tokens: prefix-cache registration, n > 1 forks, stop rules, freeing pages.
+tokens: prefix-cache registration, n > 1 forks, stop rules, freeing pages. A
+prefill-only request (``max_tokens=0``, pooling) never samples: its rows carry
+no placeholder and it finishes ('length') when its last prompt row lands.
 Finished requests leave the scheduler (`get_request` returns None afterwards);
 `update`, `abort_request` and `finish_request` hand them back to the engine.
 The rows, copies and the contract with the engine: ``scheduler_output.py``.
 
-Extras: `stats()` (PoolStats), `kv_waste()`, `num_running`, `num_waiting`
+Hybrid KV layouts (``kv_layout`` with several groups or a sliding window,
+``kv_groups.py``): a request has one page table per group and the page work
+(reserve, slide, prefix hits, forks, rollback, freeing) goes to
+``group_pages.GroupPages``; ``kv_waste`` looks at group 0.
+
+Extras: `stats()` (PoolStats), `kv_capacity()`, `kv_waste()`, `num_running`, `num_waiting`
 (properties), `get_num_unfinished_requests()`, `pool` (the PagePool).
 """
 
 from __future__ import annotations
 
+from pagedjax.core.group_pages import GroupPages
+from pagedjax.core.kv_groups import KVLayout
 from pagedjax.core.mm_item import encoder_cut
 from pagedjax.core.page_pool import PagePool, PoolStats
 from pagedjax.core.request import Request, RequestStatus
@@ -58,7 +67,7 @@ class Scheduler:
                  max_num_batched_tokens: int, max_model_len: int,
                  enable_prefix_caching: bool = False, policy: str = "fcfs",
                  enable_chunked_prefill: bool = True, admit=None,
-                 encoder_budget: int | None = None) -> None:
+                 encoder_budget: int | None = None, kv_layout: KVLayout | None = None) -> None:
         for name, value in (("page_size", page_size), ("max_num_seqs", max_num_seqs),
                             ("max_num_batched_tokens", max_num_batched_tokens),
                             ("max_model_len", max_model_len)):
@@ -88,6 +97,13 @@ class Scheduler:
         self.encoder_budget = encoder_budget
         self._encoder_left = 0
         self.max_seq_len = min(max_model_len, self.pool.num_usable_pages * page_size)
+        # Hybrid KV layouts (several groups, or a sliding window): the group allocator
+        # does the page work (core/group_pages.py); None: one full-attention table.
+        self.groups = GroupPages(self.pool, kv_layout, max_num_batched_tokens) \
+            if kv_layout is not None and kv_layout.grouped else None
+        if self.groups is not None:
+            self.max_seq_len = kv_layout.max_tokens_for(
+                self.pool.num_usable_pages, page_size, max_num_batched_tokens, max_model_len)
         self.requests: dict[str, Request] = {}
         self.waiting = WaitingQueue(policy == "priority")
         self.running: list[Request] = []
@@ -105,6 +121,8 @@ class Scheduler:
                              f"max_model_len={self.max_model_len}; shorten the prompt or "
                              f"raise max_model_len")
         need, usable = cdiv(n, self.page_size), self.pool.num_usable_pages
+        if self.groups is not None:
+            need = self.groups.pages_per_seq(n)
         if need > usable:
             raise ValueError(f"request {rid!r}: the prompt needs {need} KV pages of "
                              f"{self.page_size} tokens but the pool has only {usable} usable "
@@ -113,8 +131,9 @@ class Scheduler:
         if req.n < 1 or req.n > self.max_num_seqs:
             raise ValueError(f"request {rid!r}: n={req.n} must be between 1 and "
                              f"max_num_seqs={self.max_num_seqs}; lower n or raise max_num_seqs")
-        if req.max_tokens is not None and req.max_tokens < 1:
-            raise ValueError(f"request {rid!r}: max_tokens must be >= 1, got {req.max_tokens}")
+        if req.max_tokens is not None and req.max_tokens < (0 if req.n == 1 else 1):
+            raise ValueError(f"request {rid!r}: max_tokens must be >= 1 (0: prefill only, "
+                             f"with n=1), got {req.max_tokens}")
         req.max_model_len = min(req.max_model_len or self.max_model_len, self.max_model_len)
         req.max_num_tokens = min(req.max_num_tokens, req.max_model_len, self.max_seq_len)
         req.status = RequestStatus.WAITING
@@ -152,7 +171,10 @@ class Scheduler:
         child = parent.fork(new_request_id, sample_index=parent.sample_index)
         self.requests[new_request_id] = child
         if parent.status == RequestStatus.RUNNING:
-            child.page_ids = self.pool.fork(parent.page_ids)
+            if self.groups is not None:
+                self.groups.fork(parent, child)
+            else:
+                child.page_ids = self.pool.fork(parent.page_ids)
             child.status = RequestStatus.RUNNING
             self.running.append(child)
         else:
@@ -161,9 +183,16 @@ class Scheduler:
         return child
 
     def _release(self, req: Request) -> None:
+        self._free_pages(req)
+        self.requests.pop(req.request_id, None)
+
+    def _free_pages(self, req: Request) -> None:
+        if self.groups is not None:
+            self.groups.free(req)
+            return
         self.pool.free(req.page_ids)
         req.page_ids = []
-        self.requests.pop(req.request_id, None)
+        req.num_pages_sent = 0
 
     # ---- schedule ----------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -184,6 +213,7 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         running, max_rows, ps = self.running, self.max_num_seqs, self.page_size
         refs = self.pool.ref_counts
+        groups = self.groups
         i = 0
         while i < len(running) and budget > 0 and len(rows) < max_rows:
             req = running[i]
@@ -196,18 +226,22 @@ class Scheduler:
                 i += 1
                 continue
             spec = req.spec_token_ids
-            if with_pending - start == 1 and not spec and req.n == 1:
+            if with_pending - start == 1 and not spec and req.n == 1 and not req.prefill_only:
                 table = req.page_ids
                 j = start // ps
                 sent = req.num_pages_sent
-                if j < len(table) and refs[table[j]] <= 1 and sent == len(table):
+                if j < len(table) and refs[table[j]] <= 1 and sent == len(table) and (
+                        groups is None or groups.decode_ready(req, j)):
                     # The common decode row: its last token (a placeholder while one is
                     # in flight) into a page of its own, nothing from the pool, its page
                     # list unchanged (this loop runs per row per step: _reserve's first
                     # case, _make_row and Request.token_at are inlined here for it).
                     rows[req.request_id] = ScheduledRow(
                         req.request_id, [-1 if pending else outs[-1] if outs else prompt[-1]],
-                        start, table, 1, 0, sent, NO_NEW_PAGES)
+                        start, table, 1, 0, sent, NO_NEW_PAGES,
+                        *(() if groups is None else
+                          (req.group_pages, tuple(req.group_pages_sent),
+                           (NO_NEW_PAGES,) * len(req.group_pages))))
                     req.num_computed_tokens = start + 1
                     req.num_pending = pending + 1
                     budget -= 1
@@ -248,9 +282,13 @@ class Scheduler:
             seqs = req.n if self._samples_n(req) else 1
             if len(self.running) + self._unforked_children() + seqs > self.max_num_seqs:
                 break
-            hits = self.pool.peek_prefix(req.all_token_ids, req.cache_salt,
-                                         block_hashes=req.block_hashes) \
-                if self.enable_prefix_caching else []
+            if self.groups is not None:
+                h, hit_tables = self.groups.find_hit(req)
+                hits = [0] * h
+            else:
+                hits = self.pool.peek_prefix(req.all_token_ids, req.cache_salt,
+                                             block_hashes=req.block_hashes) \
+                    if self.enable_prefix_caching else []
             computed = len(hits) * ps
             num_new = req.num_tokens - computed
             if num_new > budget:
@@ -262,18 +300,24 @@ class Scheduler:
                 num_new = self._encoder_cut(req, computed, num_new)
                 if num_new <= 0 or (num_new < whole and not self.enable_chunked_prefill):
                     break
-            need = cdiv(computed + num_new, ps) - len(hits)
-            evictable_hits = sum(1 for p in hits if self.pool.ref_count(p) == 0)
-            if need + evictable_hits > self.pool.num_allocatable:
+            if self.groups is not None:
+                cost = self.groups.admit_cost(req, len(hits), hit_tables, computed + num_new)
+            else:
+                need = cdiv(computed + num_new, ps) - len(hits)
+                cost = need + sum(1 for p in hits if self.pool.ref_count(p) == 0)
+            if cost > self.pool.num_allocatable:
                 break
             if self.admit is not None and not self.admit(req, self.running):
                 break
             self.waiting.pop()
-            if self.enable_prefix_caching:
-                hits = self.pool.lookup(req.all_token_ids, req.cache_salt,
-                                        block_hashes=req.block_hashes)
-            req.page_ids = hits + self.pool.allocate(need)
-            req.num_pages_sent = 0
+            if self.groups is not None:
+                self.groups.admit(req, len(hits), hit_tables, computed + num_new)
+            else:
+                if self.enable_prefix_caching:
+                    hits = self.pool.lookup(req.all_token_ids, req.cache_salt,
+                                            block_hashes=req.block_hashes)
+                req.page_ids = hits + self.pool.allocate(need)
+                req.num_pages_sent = 0
             req.num_computed_tokens = computed
             req.num_registered_pages = len(hits)
             if not req.first_scheduled:
@@ -300,6 +344,8 @@ class Scheduler:
 
     def _reserve(self, req: Request, num_new: int) -> list[tuple[int, int]] | None:
         """Pages (and CoW copies) so req can write num_new tokens; None if short."""
+        if self.groups is not None:
+            return self.groups.reserve(req, num_new)
         ps, pool, table = self.page_size, self.pool, req.page_ids
         start = req.num_computed_tokens
         if num_new == 1:  # a decode row: at most one page written, at most one new
@@ -340,9 +386,7 @@ class Scheduler:
         if row is not None and row.num_samples:
             req.num_pending -= 1  # the row's placeholder goes with it
         copies.pop(req.request_id, None)
-        self.pool.free(req.page_ids)
-        req.page_ids = []
-        req.num_pages_sent = 0
+        self._free_pages(req)
         req.num_computed_tokens = 0
         req.num_registered_pages = 0
         req.spec_token_ids = []
@@ -368,18 +412,21 @@ class Scheduler:
             req.spec_token_ids = []
         else:
             spec = ()
-        if start + num_new >= with_pending:
+        if start + num_new >= with_pending and not req.prefill_only:
             samples = req.n if req.n > 1 and self._samples_n(req) else 1
         table, sent = req.page_ids, req.num_pages_sent
         new_pages = table[sent:] if sent < len(table) else NO_NEW_PAGES
         req.num_pages_sent = len(table)
+        groups = ()
+        if self.groups is not None:
+            groups = (req.group_pages, *self.groups.changes(req))
         if num_new == 1 and not spec:  # a decode row (a new or shared page, or n > 1)
             row = ScheduledRow(req.request_id, [req.token_at(start)], start, table,
-                               samples, 0, sent, new_pages)
+                               samples, 0, sent, new_pages, *groups)
         else:
             tokens = req.get_token_ids(start, start + num_new - len(spec)) + list(spec)
             row = ScheduledRow(req.request_id, tokens, start, table, samples,
-                               len(spec), sent, new_pages)
+                               len(spec), sent, new_pages, *groups)
         req.num_computed_tokens = start + num_new
         if samples:
             req.num_pending += 1
@@ -402,6 +449,17 @@ class Scheduler:
 
     def stats(self) -> PoolStats:
         return self.pool.stats()
+
+    def kv_capacity(self) -> dict:
+        """What the pool holds, as vLLM reports it: pages one request of max_model_len
+        tokens needs (every KV group), the maximum concurrency at that length, and the
+        tokens of those requests together."""
+        usable, length = self.pool.num_usable_pages, self.max_model_len
+        per = self.groups.pages_per_seq(length) if self.groups is not None \
+            else cdiv(length, self.page_size)
+        concurrency = usable / per
+        tokens = usable * self.page_size if self.groups is None else int(concurrency * length)
+        return {"pages_per_request": per, "max_concurrency": concurrency, "tokens": tokens}
 
     def kv_waste(self) -> float:
         """Allocated-but-unfilled slots / allocated slots over running requests.
@@ -435,6 +493,12 @@ class Scheduler:
                 self._register(req)  # (only when a page may have filled up)
             num_samples = row.num_samples
             if num_samples == 0:
+                if req.prefill_only and req.status is RUNNING and \
+                        row.start_pos + len(row.token_ids) >= req.num_prompt_tokens:
+                    req.finish(RequestStatus.FINISHED_LENGTH)  # its prompt is computed
+                    self._release(req)
+                    changed.append(req)
+                    any_finished = True
                 continue
             tokens = sampled.get(row.request_id, ())
             if row.num_spec:
@@ -491,13 +555,18 @@ class Scheduler:
                 break
         else:
             keep = cdiv(req.num_computed_tokens, self.page_size)
-            if len(req.page_ids) > keep:
+            if self.groups is not None:
+                self.groups.truncate(req, keep)
+            elif len(req.page_ids) > keep:
                 self.pool.free(req.page_ids[keep:])
                 del req.page_ids[keep:]
                 req.num_pages_sent = min(req.num_pages_sent, keep)
         changed.append(req)
 
     def _register(self, req: Request) -> None:
+        if self.groups is not None:
+            self.groups.register(req)
+            return
         known = min(req.num_computed_tokens, req.num_tokens)  # placeholders have no content yet
         full = min(known // self.page_size, len(req.page_ids))
         if full > req.num_registered_pages:
@@ -520,7 +589,11 @@ class Scheduler:
             self.requests[child_id] = child
             if parent.status == RequestStatus.RUNNING:
                 child.num_computed_tokens = computed
-                child.page_ids = self.pool.fork(parent.page_ids[:cdiv(computed, self.page_size)])
+                if self.groups is not None:
+                    self.groups.fork(parent, child, cdiv(computed, self.page_size))
+                else:
+                    child.page_ids = self.pool.fork(
+                        parent.page_ids[:cdiv(computed, self.page_size)])
                 child.num_registered_pages = min(child.num_registered_pages, len(child.page_ids))
                 child.status = RequestStatus.RUNNING
                 self.running.append(child)

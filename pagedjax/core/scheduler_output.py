@@ -12,6 +12,12 @@ Contract with the engine
   ``page_start == 0``. A worker that applies every row's change in order holds
   each sequence's page list (``worker/input_batch.py``); rows built by hand may
   leave ``new_page_ids`` None: the whole list is new.
+* group_page_ids (hybrid KV layouts, core/kv_groups.py) holds the request's
+  page lists of KV groups 1..; each list keeps the same contract as page_ids,
+  and ``group_page_starts`` / ``group_new_page_ids`` say how each changed since
+  the sequence's previous row, as ``page_start`` / ``new_page_ids`` do for
+  page_ids. Entries a sliding-window group gave back are 0 (the null page);
+  giving them back is a change from the first of them.
 * page_copies (src, dst) have distinct dst pages, and no src is the dst of
   an EARLIER copy, so applying them in order and applying them all at once
   (`kv.at[:, dst].set(kv[:, src])`, gather before scatter) agree.  A src may
@@ -35,6 +41,7 @@ Contract with the engine
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 
 @dataclass(slots=True)
@@ -47,6 +54,9 @@ class ScheduledRow:
     num_spec: int = 0     # proposed tokens at the end of token_ids (speculative decoding)
     page_start: int = 0   # page_ids[:page_start] unchanged since the sequence's previous row
     new_page_ids: list[int] | None = None  # page_ids[page_start:]; None: all of page_ids is new
+    group_page_ids: list | None = None  # KV groups 1.. of a hybrid model: their page lists
+    group_page_starts: Sequence[int] | None = None  # per group 1..: as page_start
+    group_new_page_ids: Sequence | None = None  # per group 1..: as new_page_ids
 
     @property
     def num_new_tokens(self) -> int:

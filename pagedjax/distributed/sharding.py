@@ -24,7 +24,9 @@ below maps them to the mesh axis:
     embed_tokens.embedding [V, H]      (vocab, embed);  lm_head.kernel [H, V] (embed, vocab)
     everything else                    replicated (norms, biases of row-parallel
                                        layers, learned positions, OPT projections)
-    quantized weights                  each component keeps its weight's axes
+    quantized weights                  each component keeps its weight's axes; int4 /
+                                       fp8 groups along a split input (o_proj, down)
+                                       need tp to divide the number of groups
     LoRA slot tables a [N, In, R]      A on its kernel's input axis, B on its output
                      b [N, R, *Out]    axes (models/lora.py; tests/lora/test_lora_tp.py)
     KV pool [pages, 2, Hkv, page_size, D] split axis 2; int8/fp8 scales axis 2
@@ -167,6 +169,33 @@ def place_shards(arr, mesh: Mesh, spec: P) -> jax.Array:
         lambda idx: np.ascontiguousarray(np.asarray(arr[idx])))
 
 
+def check_quantized_groups(model, tp: int) -> None:
+    """ValueError when a weight kept in groups along a split input axis (int4 / fp8
+    blocks on o_proj's or down's input) would not give each device whole groups:
+    ``tp`` must divide that input's number of groups (one group, per channel: the
+    scales are replicated)."""
+    if tp == 1:
+        return
+    shapes, axes = model.param_shapes(), None
+    for path, kind in model.quantized.items():
+        key = ".".join(map(str, path))
+        if f"{key}.s" not in shapes or not kind.startswith(("int4_g", "fp8_g")):
+            continue
+        if axes is None:
+            from flax import nnx
+
+            axes = dict(nnx.traversals.flatten_mapping(
+                model.logical_axes(), is_leaf=lambda _, x: isinstance(x, tuple)))
+        in_axis = axes[path + ("s",)][0]
+        groups = shapes[f"{key}.s"].shape[0]
+        n_in = groups * int(kind.split("_g")[1].split("_")[0])
+        if LOGICAL_AXIS_RULES.get(in_axis) and n_in % tp == 0 and groups % tp and groups > 1:
+            raise ValueError(
+                f"tensor_parallel_size={tp}: {key} ({kind}) has {groups} groups along its "
+                f"{n_in} inputs, which {tp} devices cannot split into whole groups; use a "
+                f"tensor_parallel_size that divides {groups}")
+
+
 def load_sharded(model: str | None, dtype="auto", tp: int = 1, devices=None,
                  quantization: str | None = None, *, resolved=None, expert_parallel: bool = False):
     """-> (model, params, mesh): ``models.load_model`` with weights loaded into shards
@@ -183,6 +212,8 @@ def load_sharded(model: str | None, dtype="auto", tp: int = 1, devices=None,
     def placer(m):  # each tensor is read and placed in its shards before the next
         from flax import nnx
 
+        check_quantized_groups(m, mesh.devices.size)
+
         flat = nnx.traversals.flatten_mapping(param_specs(m, mesh.devices.size, expert_parallel))
         specs = {".".join(map(str, p)): s for p, s in flat.items()}
         return lambda name, arr: place_shards(arr, mesh, specs[name])
@@ -197,8 +228,10 @@ def kv_shardings(mesh: Mesh):
             NamedSharding(mesh, P(None, None, AXIS, None)))
 
 
-def allocate_sharded_kv(model, mesh: Mesh, num_pages: int, page_size: int, kv_cache_dtype=None):
-    """One (pages, scales|None) pair per layer, created directly in its shards."""
+def allocate_sharded_kv(model, mesh: Mesh, num_pages: int, page_size: int, kv_cache_dtype=None,
+                        num_arrays: int | None = None):
+    """One (pages, scales|None) pair per layer (or ``num_arrays``: hybrid KV groups),
+    created directly in its shards."""
     import pagedjax.kernels_pallas as kernels_pallas
 
     info = model.info
@@ -211,7 +244,8 @@ def allocate_sharded_kv(model, mesh: Mesh, num_pages: int, page_size: int, kv_ca
     zeros = jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=pages_sh)
     ones = jax.jit(lambda: jnp.ones(shape[:4], jnp.float32), out_shardings=scales_sh)
     quant = kernels_pallas.is_quantized(dtype)
-    return tuple((zeros(), ones() if quant else None) for _ in range(info.num_layers))
+    return tuple((zeros(), ones() if quant else None)
+                 for _ in range(num_arrays or info.num_layers))
 
 
 def bytes_per_device(tree) -> dict[int, int]:

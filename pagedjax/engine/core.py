@@ -86,6 +86,9 @@ class EngineCore:
         self._recent: list[list] = []
         self.num_steps = 0
         self.num_overlapped_steps = 0
+        if runner.mrope_of is not None:  # M-RoPE: each request's positions (worker/mrope.py)
+            requests = scheduler.requests
+            runner.mrope_of = lambda sid: getattr(requests.get(sid), "mrope", None)
 
     # ------------------------------------------------------------------ requests
     def add_request(self, req: Request, fallback_seed: int, bad_words_ids: list,
@@ -113,12 +116,16 @@ class EngineCore:
         for sid in seq_ids:
             self.scheduler.finish_request(sid, reason, stop_reason)
             self.seqs.forget(sid)
+            if self.encoder_cache is not None:  # its images' encoder rows are free now
+                self.encoder_cache.release(sid)
 
     def abort_request(self, request_id: str) -> None:
         """Abort a request and all of its sequences."""
         for sid in self.seqs.seq_ids(request_id):
             self.scheduler.abort_request(sid)
             self.seqs.forget(sid)
+            if self.encoder_cache is not None:  # its images' encoder rows are free now
+                self.encoder_cache.release(sid)
 
     def step_request_ids(self) -> list[str]:
         """Requests with a row in the latest launched step or the one in flight
@@ -282,10 +289,10 @@ class EngineCore:
     def _mm_inputs(self, rows) -> tuple | None:
         """The step's image inputs (encoding images the cache lacks); then releases
         the requests whose image tokens are all computed, and those that left."""
-        from pagedjax.worker.mm_inputs import step_mm_inputs
+        from pagedjax.worker.mm_inputs import step_pieces
 
         cache, requests = self.encoder_cache, self.scheduler.requests
-        mm = step_mm_inputs(rows, lambda sid: requests[sid].mm_items, cache)
+        mm = step_pieces(rows, lambda sid: requests[sid].mm_items, cache)
         for row in rows:
             items = requests[row.request_id].mm_items
             if items and row.start_pos + len(row.token_ids) >= items[-1].end:
@@ -370,6 +377,11 @@ class EngineCore:
                 j = extra_of.get((req.parent_id, req.sample_index))
             root = self.seqs.root(sid)
             if j is None or root is None:
+                if root is not None and req.prefill_only and req.is_finished:
+                    # a pooling request, done after its prompt: no token, no sampler row
+                    out.updates.append(SeqUpdate(sid, root[0], root[1], [],
+                                                 finish_reason=req.finish_reason))
+                    self.seqs.forget(sid)
                 continue
             rid, idx = root
             s = sampling.get(rid)

@@ -77,7 +77,7 @@ class LLMEngine:
                              max_num_batched_tokens=self.config.max_num_batched_tokens,
                              max_model_len=self.config.max_model_len,
                              plan=make_plan(self.config.attention_backend, self.mesh,
-                                            args.enable_expert_parallel),
+                                            args.enable_expert_parallel, self._layer_map()),
                              lora_slot=self.lora.slot_of if self.lora is not None else None)
         self._make_core(args)
         self.processor = OutputProcessor(self.tokenizer)
@@ -90,6 +90,10 @@ class LLMEngine:
             "KV pool %d pages)", time.perf_counter() - started, self.info.architecture,
             self.info.num_layers, self.weight_bytes / 2**20, self.quantization,
             self.config.num_pages)
+        self.kv_capacity = self.scheduler.kv_capacity()
+        logger.info("%s; KV cache size: %d tokens; maximum concurrency for %d tokens per "
+                    "request: %.2fx", self.config.kv_layout.describe(), self.kv_capacity["tokens"],
+                    self.config.max_model_len, self.kv_capacity["max_concurrency"])
         compile_programs(self.runner, args, started)
         freeze_startup_heap()
 
@@ -120,11 +124,11 @@ class LLMEngine:
 
             self.model, self.params, self.mesh = sharding.load_sharded(
                 args.model, args.dtype, args.tensor_parallel_size,
-                quantization=args.quantization, resolved=self.resolved,
+                quantization=self.quantization, resolved=self.resolved,
                 expert_parallel=args.enable_expert_parallel)
         else:
             self.model, self.params = models.load_model(resolved=self.resolved, dtype=args.dtype,
-                                                        quantization=args.quantization)
+                                                        quantization=self.quantization)
             self.mesh = None
         self.lora = None  # pagedjax.lora.manager.LoRAManager when enable_lora
         if args.enable_lora:
@@ -140,18 +144,26 @@ class LLMEngine:
         """The KV page pool (sharded, or layer-stacked when ``scan_layers`` applies)."""
         cfg = self.config
         pool_dtype = None if args.kv_cache_dtype == "auto" else cfg.kv_cache_dtype
+        layout = cfg.kv_layout
+        arrays = layout.num_slots if layout.multi else None  # hybrid KV groups share arrays
         if self.mesh is not None:
             from pagedjax.distributed import sharding
 
             kv = sharding.allocate_sharded_kv(self.model, self.mesh, cfg.num_pages,
-                                              args.page_size, pool_dtype)
+                                              args.page_size, pool_dtype, num_arrays=arrays)
         else:
-            kv = self.model.allocate_kv_caches(cfg.num_pages, args.page_size, pool_dtype)
+            kv = self.model.allocate_kv_caches(cfg.num_pages, args.page_size, pool_dtype,
+                                               num_arrays=arrays)
         if (args.scan_layers and self.mesh is None and hasattr(self.model, "can_scan")
-                and self.model.can_scan()):
+                and self.model.can_scan() and not layout.multi):
             self.params = self.model.stack_params(self.params)
             kv = self.model.stack_kv_caches(kv)
         return kv
+
+    def _layer_map(self):
+        """Each layer's (KV group, pool array) under hybrid KV groups, else None."""
+        layout = self.config.kv_layout
+        return layout.layer_map() if layout.multi else None
 
     def _make_scheduler(self, args: EngineArgs) -> Scheduler:
         cfg = self.config
@@ -161,7 +173,7 @@ class LLMEngine:
                          cfg.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
                          policy=args.scheduling_policy,
                          admit=self.lora.admit if self.lora is not None else None,
-                         encoder_budget=mnbt if multimodal else None)
+                         encoder_budget=mnbt if multimodal else None, kv_layout=cfg.kv_layout)
 
     def _make_core(self, args: EngineArgs) -> None:
         """The EngineCore, with the speculator, the image encoder's cache and the
@@ -195,7 +207,10 @@ class LLMEngine:
                              f"the vision-language model {self.info.architecture}")
         proc = MultiModalProcessor.for_model(self.resolved.path, self.model.abstract,
                                              args.limit_mm_per_prompt, args.max_image_pixels)
-        return proc, EncoderCache(self.runner.encode_images, args.encoder_cache_size)
+        examples = getattr(self.model.abstract, "encoder_warmup_data", None)
+        if examples is not None:  # warm-up compiles the encoder at each patch bucket
+            self.runner.encoder_examples = examples(proc.max_image_patches())
+        return proc, EncoderCache(self.runner.encode_item, args.encoder_cache_size)
 
     @property
     def encoder_cache(self):
@@ -285,6 +300,8 @@ class LLMEngine:
                       arrival_time=arrival, priority=priority, max_model_len=self.max_model_len,
                       cache_salt=salt, lora_int_id=lora_id)
         req.mm_items = mm_items
+        if mm_items and getattr(self.model, "uses_mrope", False):  # computed once: the step reads the table
+            req.mrope = self.model.abstract.mrope_positions(len(ids), mm_items)
         self.core.add_request(req, int(self._rng.integers(0, SEED_MODULUS)), bad_ids,
                               keep_topk=beam, grammar=grammar)  # ValueError: bad request
         if not beam:
@@ -421,6 +438,11 @@ class LLMEngine:
     def finished_metrics(self):
         """Metrics of recently finished requests (bounded)."""
         return self.processor.finished_metrics
+
+    def logits_of(self, hidden):
+        """f32[n, H] final hidden states (pooling outputs' ``prompt_hidden_states``) ->
+        f32[n, vocab] logits by the model's own head (cross-encoder scoring)."""
+        return self.runner.logits_of(hidden)
 
     # ------------------------------------------------------------------ stats
     def pool_stats(self):

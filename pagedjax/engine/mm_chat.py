@@ -4,7 +4,8 @@ Parts: ``{"type": "text", "text": ...}``, ``{"type": "image_pil", "image_pil": P
 ``{"type": "image", "image": PIL image | array | bytes}`` and ``{"type": "image_url",
 "image_url": {"url": "data:image/...;base64,..."}}`` (the server, not ``LLM.chat``,
 fetches http(s) URLs, under its media limits). Each image becomes the model's
-placeholder token text where it stood; the text parts are joined.
+placeholder text where it stood (``MultiModalProcessor.placeholder_text``); the text
+parts are joined.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def chat_images(messages: list[dict], placeholder: Optional[str]) -> tuple[list[
                 if placeholder is None:
                     raise ValueError("messages: this model is text-only and takes no images")
                 images.append(_image_of(part))
-                text.append(f"\n{placeholder}\n")
+                text.append(placeholder)
             elif kind == "text":
                 text.append(str(part.get("text", "")))
             else:

@@ -6,8 +6,10 @@
 Images are PIL images, numpy arrays (H, W, C uint8) or encoded bytes. Each one is
 preprocessed by the model folder's transformers image processor (its PIL/numpy
 backend: no torch at run time), hashed by content (mode, size and pixels), and
-takes ``tokens_per_image`` placeholder tokens (``image_token_id``) in the prompt:
-the prompt names each image by one placeholder token (expanded here, as vLLM's
+takes its placeholder tokens (``image_token_id``) in the prompt: ``tokens_per_image``
+for models whose images all have one size, else as many as the model's
+``image_items`` says for the image as the processor resized it (Qwen2.5-VL). The
+prompt names each image by one placeholder token (expanded here, as vLLM's
 processors do) or by the whole run of them. Every error is a ValueError that
 names the argument.
 """
@@ -68,12 +70,19 @@ def content_hash(img) -> str:
 class MultiModalProcessor:
     """The image side of one vision-language model (see the module docstring)."""
 
-    def __init__(self, image_processor, image_token_id: int, tokens_per_image: int,
+    def __init__(self, image_processor, image_token_id: int, tokens_per_image: int | None,
                  limits: dict[str, int] | None = None,
-                 max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS):
+                 max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, image_items=None):
         self.image_processor = image_processor
         self.image_token_id = int(image_token_id)
-        self.tokens_per_image = int(tokens_per_image)
+        # Fixed-size images (LLaVA): tokens per image; None when each image has its own.
+        self.tokens_per_image = None if tokens_per_image is None else int(tokens_per_image)
+        # The tokens an image part of a chat message becomes (the image token, or with
+        # the model's vision start / end tokens around it).
+        self.placeholder_ids: tuple[int, ...] = (self.image_token_id,)
+        # The module's split of the processor output into (encoder data, tokens) per
+        # image (models with images of their own size); None: pixel_values[k] each.
+        self.image_items = image_items
         self.limits = dict(limits or {})
         self.max_image_pixels = int(max_image_pixels)
 
@@ -90,8 +99,30 @@ class MultiModalProcessor:
         except OSError as e:
             raise ValueError(f"{folder}: the vision-language model has no image processor "
                              f"(preprocessor_config.json): {e}") from None
-        return cls(proc, module.image_token_id, module.mm_tokens_per_image,
-                   parse_limits(limits), max_image_pixels or DEFAULT_MAX_IMAGE_PIXELS)
+        out = cls(proc, module.image_token_id, getattr(module, "mm_tokens_per_image", None),
+                  parse_limits(limits), max_image_pixels or DEFAULT_MAX_IMAGE_PIXELS,
+                  getattr(module, "image_items", None))
+        out.placeholder_ids = tuple(getattr(module, "image_placeholder_ids", out.placeholder_ids))
+        return out
+
+    def placeholder_text(self, tokenizer) -> str:
+        """The text standing for one image part of a chat message: the image token on a
+        line of its own, or, for models whose templates write the image inline between
+        vision start / end tokens (Qwen2.5-VL), those tokens as the template writes them."""
+        text = "".join(tokenizer.convert_ids_to_tokens(list(self.placeholder_ids)))
+        return text if len(self.placeholder_ids) > 1 else f"\n{text}\n"
+
+    def max_image_patches(self) -> int | None:
+        """Most patches the image processor makes of one image (its largest pixel count
+        over the patch area), None for processors that resize to one fixed size."""
+        size = getattr(self.image_processor, "size", None)
+        patch = getattr(self.image_processor, "patch_size", None)
+        longest = getattr(size, "longest_edge", None)
+        if longest is None and isinstance(size, dict):
+            longest = size.get("longest_edge")
+        if not longest or not patch:
+            return None
+        return int(longest) // int(patch) ** 2
 
     def check_count(self, n: int) -> None:
         limit = self.limits.get("image")
@@ -104,13 +135,22 @@ class MultiModalProcessor:
         images = self._images(mm_data)
         self.check_count(len(images))
         pil = [load_image(im, i, self.max_image_pixels) for i, im in enumerate(images)]
-        ids = self._expand(list(ids), len(pil))
-        pixels = np.asarray(self.image_processor(images=pil, return_tensors="np")["pixel_values"],
-                            np.float32)
-        n, tok = self.tokens_per_image, self.image_token_id
+        try:
+            processed = self.image_processor(images=pil, return_tensors="np") if pil else {}
+        except (ValueError, TypeError) as e:  # e.g. an aspect ratio the processor refuses
+            raise ValueError(f"multi_modal_data['image']: the model's image processor "
+                             f"cannot take the image(s): {e}") from None
+        if self.image_items is not None:
+            pairs = self.image_items(processed) if pil else []
+        else:
+            pixels = np.asarray(processed.get("pixel_values", ()), np.float32)
+            pairs = [(pixels[k], self.tokens_per_image) for k in range(len(pil))]
+        counts = [n for _, n in pairs]
+        ids = self._expand(list(ids), counts)
+        tok = self.image_token_id
         starts = [i for i, t in enumerate(ids) if t == tok and (i == 0 or ids[i - 1] != tok)]
-        items = tuple(MMItem(content_hash(im), s, n, pixels[k])
-                      for k, (im, s) in enumerate(zip(pil, starts)))
+        items = tuple(MMItem(content_hash(im), s, n, data)
+                      for im, s, (data, n) in zip(pil, starts, pairs))
         return ids, items
 
     @staticmethod
@@ -125,9 +165,9 @@ class MultiModalProcessor:
         images = mm_data.get("image", [])
         return list(images) if isinstance(images, (list, tuple)) else [images]
 
-    def _expand(self, ids: list[int], num_images: int) -> list[int]:
-        """One placeholder per image -> tokens_per_image of them; whole runs stay."""
-        tok, n = self.image_token_id, self.tokens_per_image
+    def _expand(self, ids: list[int], counts: list[int]) -> list[int]:
+        """One placeholder per image -> its ``counts[k]`` tokens; whole runs stay."""
+        tok, num_images = self.image_token_id, len(counts)
         runs, i = [], 0
         while i < len(ids):
             if ids[i] == tok:
@@ -139,13 +179,19 @@ class MultiModalProcessor:
             else:
                 i += 1
         lengths = [length for _, length in runs]
-        if lengths == [n] * num_images:
+        if lengths == list(counts):
             return ids
         if lengths == [1] * num_images:
-            out = []
+            out, k = [], 0
             for t in ids:
-                out.extend([tok] * n if t == tok else [t])
+                if t == tok:
+                    out.extend([tok] * counts[k])
+                    k += 1
+                else:
+                    out.append(t)
             return out
+        runs_of = (f"a run of {counts[0]}" if len(set(counts)) == 1 and counts
+                   else f"runs of {counts}")
         raise ValueError(f"the prompt has {sum(lengths)} image placeholder token(s) (id {tok}) "
                          f"in {len(runs)} run(s) for {num_images} image(s); put one placeholder "
-                         f"(or a run of {n}) where each image goes")
+                         f"(or {runs_of}) where each image goes")

@@ -45,7 +45,8 @@ def _request(req, state: str) -> dict:
             "output_tokens": req.num_output_tokens, "computed_tokens": req.num_computed_tokens,
             "max_tokens": max_tokens if max_tokens < 1 << 40 else None,
             "cached_tokens": req.num_cached_tokens, "preemptions": req.num_preemptions,
-            "pages": list(req.page_ids)}
+            # every KV group's pages (hybrid models; 0: given back by a sliding group)
+            "pages": [p for t in (req.page_ids, *req.group_pages) for p in t if p]}
 
 
 def pool_snapshot(engine) -> dict:

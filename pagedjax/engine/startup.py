@@ -96,7 +96,7 @@ def start_cpu_builds(args: EngineArgs) -> None:
     cpu_sampler.load_in_background()
     if args.attention_backend in ("auto", "cpu_native") and args.tensor_parallel_size == 1:
         cpu_native.load_in_background()
-        if args.quantization in (None, "gguf"):  # GGUF blocks may stay quantized
+        if args.quantization in (None, "gguf", "awq", "gptq"):  # blocks or int4 groups kept
             cpu_blockmatmul.load_in_background()
 
 
@@ -110,6 +110,7 @@ def resolve_config(args: EngineArgs, info, mesh) -> EngineConfig:
                          f"{info.max_model_len}; lower max_model_len")
     mnbt = args.max_num_batched_tokens or max(512, min(2048, args.max_num_seqs))
     kv_dtype = info.dtype if args.kv_cache_dtype == "auto" else KV_CACHE_DTYPES[args.kv_cache_dtype]
+    layout = kv_layout(info, args)
     num_pages = args.num_pages
     if num_pages is None:
         budget = int(args.cpu_kv_cache_gib * 2**30)
@@ -119,7 +120,7 @@ def resolve_config(args: EngineArgs, info, mesh) -> EngineConfig:
                 budget = (int(stats["bytes_limit"] * args.gpu_memory_utilization)
                           - stats.get("bytes_in_use", 0))
         num_pages = default_num_pages(info, args.page_size, kv_dtype, max_model_len,
-                                      args.max_num_seqs, budget)
+                                      args.max_num_seqs, budget, layout, mnbt)
     # `auto` under tensor parallelism on CPU is `xla` (GSPMD partitions it; the C++
     # kernels would need shard_map too); elsewhere the platform's kernel, per device
     # through shard_map under TP.
@@ -128,21 +129,47 @@ def resolve_config(args: EngineArgs, info, mesh) -> EngineConfig:
     else:
         backend = resolve_backend(args.attention_backend)
     return EngineConfig(args=args, max_model_len=max_model_len, max_num_batched_tokens=mnbt,
-                        num_pages=num_pages, attention_backend=backend, kv_cache_dtype=kv_dtype)
+                        num_pages=num_pages, attention_backend=backend, kv_cache_dtype=kv_dtype,
+                        kv_layout=layout)
+
+
+def kv_layout(info, args: EngineArgs):
+    """The KV groups of the model's layers (core/kv_groups.py): by attention type unless
+    --disable-hybrid-kv-cache-manager, or a draft model that reads group 0's table
+    would meet a sliding group there."""
+    from pagedjax.core.kv_groups import plan_layout
+
+    windows = info.layer_windows or (None,) * info.num_layers
+    hybrid = not args.disable_hybrid_kv_cache_manager
+    layout = plan_layout(windows, hybrid)
+    draft = False
+    if args.speculative_config is not None:
+        from pagedjax.spec_decode.config import parse_speculative_config
+
+        draft = parse_speculative_config(args.speculative_config).method == "draft_model"
+    if draft and layout.groups[0].window is not None:
+        layout = plan_layout(windows, False)
+    return layout
 
 
 def weight_quantization(args, resolved) -> str | None:
     """The weights' quantization (models.load_model's argument) for ``args``.
 
-    ``args.quantization`` when set ("none": float weights, GGUF blocks dequantized at
-    load). Unset: a GGUF file on the CPU (one device, the C++ backend) keeps its blocks
+    ``args.quantization`` when set ("none": float weights, GGUF blocks and published
+    quantized checkpoints dequantized at load). Unset: a published FP8 / AWQ / GPTQ
+    checkpoint keeps its quantization (its method); a GGUF file on the CPU (one device, the C++ backend) keeps its blocks
     ("gguf", multiplied by the C++ block kernel) where that kernel beats float32
     weights at every row count on this machine (measured once,
     worker.runner.quant_kernel_choice),
     else float weights. The engine logs which."""
     q = args.quantization
     if q is not None:
-        return None if q == "none" else q
+        return q
+    if resolved.gguf_file is None:  # a published FP8 / AWQ / GPTQ checkpoint keeps its own
+        from pagedjax.models import checkpoint_quant
+
+        sch = checkpoint_quant.scheme(resolved.hf_config or {})
+        return sch.method if sch else None
     if (resolved.gguf_file is None or args.tensor_parallel_size > 1
             or jax.default_backend() != "cpu"
             or args.attention_backend not in ("auto", "cpu_native")):

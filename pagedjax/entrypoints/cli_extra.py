@@ -1,5 +1,5 @@
-"""`pagedjax serve`, `pagedjax run-batch` and `pagedjax bench serve|throughput|serving`
-(registered by cli.py)."""
+"""`pagedjax serve`, `pagedjax run-batch` and `pagedjax bench serve|throughput` (and
+`bench serving`, the deprecated name of `bench serve`), registered by cli.py."""
 
 from __future__ import annotations
 
@@ -32,10 +32,18 @@ def _bench_serve(ns: argparse.Namespace) -> int:
 
     try:
         serve.benchmark(ns)
-    except ValueError as e:
+    except (ValueError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def _bench_serving(ns: argparse.Namespace) -> int:
+    print("note: `pagedjax bench serving` is deprecated; use `pagedjax bench serve` (the same "
+          "options)", file=sys.stderr)
+    if not ns.base_url:
+        ns.start_server = True
+    return _bench_serve(ns)
 
 
 def register(sub) -> None:
@@ -59,22 +67,29 @@ def register(sub) -> None:
     run_batch.add_cli_args(rb)
     rb.set_defaults(func=run_batch.run_batch)
 
-    b = sub.add_parser("bench", help="benchmarks: serve (any OpenAI-compatible server), "
-                                     "throughput (offline) or serving (HTTP, Poisson arrivals)")
+    b = sub.add_parser("bench", help="benchmarks: serve (online, any OpenAI-compatible "
+                                     "server) or throughput (offline)")
     bsub = b.add_subparsers(dest="bench_command", required=True)
     from pagedjax.benchmarks import serve as bench_serve
 
-    bs = bsub.add_parser("serve", help="online serving benchmark against a running server",
+    bs = bsub.add_parser("serve", help="online serving benchmark against a running server "
+                                       "(or one it starts)",
                          description=bench_serve.__doc__,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     bench_serve.add_cli_args(bs)
     bs.set_defaults(func=_bench_serve)
-    for name, helptext in (("throughput", "offline throughput (pagedjax/benchmarks/throughput.py)"),
-                           ("serving", "online serving latency/throughput "
-                                       "(pagedjax/benchmarks/serving.py)")):
-        # prefix_chars="+": every "--option" (and --help) is handed to the script.
-        p = bsub.add_parser(name, help=helptext, add_help=False, prefix_chars="+",
-                            description=f"{helptext}; all options are passed to the script "
-                                        "(engine options mirror LLM(...)); try --help.")
-        p.add_argument("bench_args", nargs="*")
-        p.set_defaults(func=_passthrough(name))
+    # The older command's name: `bench serve` with its defaults (a server started when no
+    # --base-url, ShareGPT-shaped lengths, four rates, a warm-up).
+    old = bsub.add_parser("serving", help="deprecated: pagedjax bench serve",
+                          description="Deprecated name of `pagedjax bench serve` (same options; "
+                                      "starts a server when no --base-url is given).")
+    bench_serve.add_cli_args(old)
+    old.set_defaults(func=_bench_serving, dataset_name="sharegpt-lengths", num_prompts=24,
+                     request_rate=[0.5, 1.0, 2.0, float("inf")], warmup_prompts=4)
+    name, helptext = "throughput", "offline throughput (pagedjax/benchmarks/throughput.py)"
+    # prefix_chars="+": every "--option" (and --help) is handed to the script.
+    p = bsub.add_parser(name, help=helptext, add_help=False, prefix_chars="+",
+                        description=f"{helptext}; all options are passed to the script "
+                                    "(engine options mirror LLM(...)); try --help.")
+    p.add_argument("bench_args", nargs="*")
+    p.set_defaults(func=_passthrough(name))

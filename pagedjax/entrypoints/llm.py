@@ -121,7 +121,7 @@ class LLM:
         engine = self.llm_engine
         tok = engine.tokenizer
         mm = engine.mm_processor
-        placeholder = tok.convert_ids_to_tokens(mm.image_token_id) if mm is not None else None
+        placeholder = mm.placeholder_text(tok) if mm is not None else None
         convs = messages if messages and isinstance(messages[0], list) else [messages]
         prompts, splits, params = [], [], []
         for conv in convs:
@@ -176,16 +176,11 @@ class LLM:
 
         scorer = YesNoScorer(self.llm_engine.tokenizer)
         ids = [scorer.prompt_ids(q, d, instruction) for q, d in pairs_of(text_1, text_2)]
-        prompts = [{"prompt_token_ids": p} for p in ids for _ in range(2)]
-        params = [scorer.params(t) for _ in ids for t in (scorer.yes_id, scorer.no_id)]
-        outs = self.generate(prompts, params, use_tqdm=use_tqdm)
-        result = []
-        for i, p in enumerate(ids):
-            yes, no = outs[2 * i], outs[2 * i + 1]
-            s = scorer.score(scorer.logprob_of(yes, scorer.yes_id),
-                             scorer.logprob_of(no, scorer.no_id))
-            result.append(ScoringRequestOutput(yes.request_id, p, ScoringOutput(s)))
-        return result
+        outs = self.generate([{"prompt_token_ids": p} for p in ids], scorer.params(),
+                             use_tqdm=use_tqdm)
+        scores = scorer.scores(outs, self.llm_engine.logits_of)
+        return [ScoringRequestOutput(o.request_id, p, ScoringOutput(s))
+                for o, p, s in zip(outs, ids, scores)]
 
     # ------------------------------------------------------------------ beam search
     def beam_search(self, prompts, params: BeamSearchParams) -> list[BeamSearchOutput]:

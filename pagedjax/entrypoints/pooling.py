@@ -1,9 +1,10 @@
 """Embeddings from a decoder: pooling the prompt's final hidden states.
 
-A pooling request is a one-token request whose ``SamplingParams`` ask for the
-prompt's final hidden states (``prompt_hidden_states``): it is prefilled in the
-continuous batch with everything else, on the same page pool, and its one
-sampled token is dropped. The states are pooled on the host:
+A pooling request is a prefill-only request (``max_tokens=0``) whose
+``SamplingParams`` ask for the prompt's final hidden states
+(``prompt_hidden_states``): it is prefilled in the continuous batch with
+everything else, on the same page pool, and ends with its prompt: no sampler
+row, no page for a next token. The states are pooled on the host:
 
 * ``last``: the last prompt token's state (Qwen3-Embedding, e5-mistral and
   other decoder embedders); only that row comes back, and the prompt may use
@@ -37,8 +38,8 @@ def check_pooling(pooling: str, dimensions: Optional[int], hidden_size: int) -> 
 
 
 def pooling_params(pooling: str) -> SamplingParams:
-    """The engine request of one embedding: prefill, one dropped token."""
-    return SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
+    """The engine request of one embedding: prefill only, nothing sampled."""
+    return SamplingParams(max_tokens=0, temperature=0.0, detokenize=False,
                           prompt_hidden_states="last" if pooling == "last" else "all",
                           output_kind=RequestOutputKind.FINAL_ONLY)
 

@@ -6,8 +6,10 @@ Each input line is a request of OpenAI's batch format::
 
     {"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions", "body": {...}}
 
-(``url``: ``/v1/chat/completions`` or ``/v1/completions``). Every line gets one
-output line, in input order::
+(``url``: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``, and
+vLLM's ``/score`` and ``/rerank``, also under ``/v1`` and ``/v2/rerank``; the
+embeddings pool with ``--pooling-type``). Every line gets one output line, in
+input order::
 
     {"id": "batch_req_..", "custom_id": "r1",
      "response": {"status_code": 200, "request_id": "..", "body": {...}}, "error": null}
@@ -32,9 +34,28 @@ from typing import Any, Optional
 from pagedjax.entrypoints.openai import request_body as rb
 from pagedjax.entrypoints.openai.errors import OpenAIError
 from pagedjax.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from pagedjax.entrypoints.openai.serving_embedding import EmbeddingRequest, EmbeddingServing
+from pagedjax.entrypoints.openai.serving_score import (RerankRequest, ScoreRequest,
+                                                       ScoreServing)
 
+# url -> (request model, the handler's name in BatchHandlers)
 ROUTES = {"/v1/chat/completions": (ChatCompletionRequest, "chat"),
-          "/v1/completions": (CompletionRequest, "completions")}
+          "/v1/completions": (CompletionRequest, "completions"),
+          "/v1/embeddings": (EmbeddingRequest, "embeddings"),
+          "/score": (ScoreRequest, "score"), "/v1/score": (ScoreRequest, "score"),
+          "/rerank": (RerankRequest, "rerank"), "/v1/rerank": (RerankRequest, "rerank"),
+          "/v2/rerank": (RerankRequest, "rerank")}
+
+
+class BatchHandlers:
+    """The server's handlers of every batch route, on one ``OpenAIServing``."""
+
+    def __init__(self, serving, pooling: str = "last"):
+        self.llm = serving.llm
+        self.chat, self.completions = serving.chat, serving.completions
+        self.embeddings = EmbeddingServing(serving, pooling).create
+        scores = ScoreServing(serving)
+        self.score, self.rerank = scores.score, scores.rerank
 
 
 def _line_error(custom_id: Any, code: str, message: str) -> dict:
@@ -65,21 +86,21 @@ def parse_line(line: str, n: int):
     return cid, url, obj["body"]
 
 
-async def _one(serving, cid: str, url: str, body: dict) -> dict:
+async def _one(handlers: BatchHandlers, cid: str, url: str, body: dict) -> dict:
     model_cls, method = ROUTES[url]
     rid = f"batch_req_{uuid.uuid4().hex}"
     try:
         if body.get("stream"):
             raise OpenAIError("stream is not supported in a batch file.", 400, param="stream")
-        req = await serving.llm.run_in_worker(rb.validate, model_cls, body)
-        result = await getattr(serving, method)(req, None)
+        req = await handlers.llm.run_in_worker(rb.validate, model_cls, body)
+        result = await getattr(handlers, method)(req, None)
         response = {"status_code": 200, "request_id": rid, "body": result}
     except OpenAIError as e:
         response = {"status_code": e.status, "request_id": rid, "body": e.body()}
     return {"id": rid, "custom_id": cid, "response": response, "error": None}
 
 
-async def run_lines(serving, lines: list[str]) -> list[dict]:
+async def run_lines(handlers: BatchHandlers, lines: list[str]) -> list[dict]:
     """Every line's output line, in order (the requests run concurrently)."""
     async def done(value):
         return value
@@ -87,7 +108,7 @@ async def run_lines(serving, lines: list[str]) -> list[dict]:
     jobs = []
     for n, line in enumerate(lines, 1):
         parsed = parse_line(line, n)
-        jobs.append(done(parsed) if isinstance(parsed, dict) else _one(serving, *parsed))
+        jobs.append(done(parsed) if isinstance(parsed, dict) else _one(handlers, *parsed))
     return list(await asyncio.gather(*jobs))
 
 
@@ -105,7 +126,7 @@ def run_batch(ns: argparse.Namespace) -> int:
     names = ns.served_model_name or [ns.model or engine.model_name]
     try:
         serving = OpenAIServing(llm, names, reasoning_parser=ns.reasoning_parser)
-        outs = asyncio.run(run_lines(serving, lines))
+        outs = asyncio.run(run_lines(BatchHandlers(serving, ns.pooling_type), lines))
     finally:
         llm.shutdown()
     dst = sys.stdout if ns.output_file == "-" else open(ns.output_file, "w")
@@ -120,6 +141,7 @@ def run_batch(ns: argparse.Namespace) -> int:
 
 def add_cli_args(p: argparse.ArgumentParser) -> None:
     from pagedjax.config import EngineArgs
+    from pagedjax.entrypoints.pooling import POOLING_TYPES
     from pagedjax.entrypoints.reasoning import REASONING_PARSERS
 
     p.add_argument("-i", "--input-file", required=True, help="batch file (JSONL; - for stdin)")
@@ -127,6 +149,8 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None)
     p.add_argument("--served-model-name", nargs="+", default=None)
     p.add_argument("--reasoning-parser", default=None, choices=sorted(REASONING_PARSERS))
+    p.add_argument("--pooling-type", default="last", choices=list(POOLING_TYPES),
+                   help="how /v1/embeddings lines pool the prompt's hidden states")
     EngineArgs.add_cli_args(p)
 
 

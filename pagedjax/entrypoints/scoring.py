@@ -4,20 +4,22 @@ A (query, document) pair is written into the reranker's prompt; the model's
 next-token logits for "yes" and "no" give the score
 ``softmax([logit_no, logit_yes])[1] = sigmoid(logit_yes - logit_no)``.
 
-On the engine each pair is two one-token requests over the same prompt, one
-allowed only "yes" and one only "no", each returning the raw log-probability
-of its token (``logprobs=0``). Their difference is ``logit_yes - logit_no``.
-The pair shares the prompt's pages through prefix caching and both run in the
-continuous batch with everything else.
+On the engine each pair is one pooling request (prefill only, no sampler row)
+asking for the last prompt token's final hidden state; the engine's own logits
+head (``LLMEngine.logits_of``) turns those states into the "yes" and "no"
+logits. Pairs share their common prompt prefix through prefix caching and run
+in the continuous batch with everything else.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
-from pagedjax.sampling_params import RequestOutputKind, SamplingParams
+import numpy as np
+
+from pagedjax.entrypoints.pooling import pooling_params
+from pagedjax.sampling_params import SamplingParams
 
 SYSTEM = ('Judge whether the Document meets the requirements based on the Query and the '
           'Instruct provided. Note that the answer can only be "yes" or "no".')
@@ -79,18 +81,18 @@ class YesNoScorer:
         return list(self.tokenizer.encode(rerank_prompt(query, document, instruction),
                                           add_special_tokens=False))
 
-    def params(self, token_id: int, stream: bool = False) -> SamplingParams:
-        return SamplingParams(max_tokens=1, temperature=0.0, logprobs=0,
-                              allowed_token_ids=[token_id],
-                              output_kind=RequestOutputKind.FINAL_ONLY)
-
     @staticmethod
-    def logprob_of(output, token_id: int) -> float:
-        """The raw log-probability of ``token_id`` in a one-token output."""
-        o = output.outputs[0]
-        return float(o.logprobs[0][token_id].logprob)
+    def params() -> SamplingParams:
+        """A pair's engine request: prefill only, the last token's hidden state back."""
+        return pooling_params("last")
 
-    @staticmethod
-    def score(lp_yes: float, lp_no: float) -> float:
-        d = lp_yes - lp_no
-        return 1.0 / (1.0 + math.exp(-d)) if d >= 0 else math.exp(d) / (1.0 + math.exp(d))
+    def scores(self, outputs, logits_of) -> list[float]:
+        """The pairs' scores from their finished requests' outputs; ``logits_of``:
+        f32[n, H] final hidden states -> f32[n, vocab] logits (``LLMEngine.logits_of``)."""
+        hidden = np.concatenate([np.asarray(o.prompt_hidden_states, np.float32)[-1:]
+                                 for o in outputs], axis=0)
+        logits = np.asarray(logits_of(hidden), np.float64)
+        d = logits[:, self.yes_id] - logits[:, self.no_id]
+        # softmax([no, yes])[1] = sigmoid(yes - no), without overflow either way
+        return [float(1.0 / (1.0 + np.exp(-x)) if x >= 0 else np.exp(x) / (1.0 + np.exp(x)))
+                for x in d]

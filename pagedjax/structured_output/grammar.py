@@ -40,6 +40,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import json
+import logging
 import threading
 import time
 from typing import Any, Optional, Sequence
@@ -47,6 +48,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from pagedjax.sampling_params import StructuredOutputsParams
+
+logger = logging.getLogger("pagedjax.structured_output")
 
 CACHE_SIZE = 256  # compiled grammars kept (LRU), and as many refused specs
 MAX_ERROR_CHARS = 300
@@ -165,26 +168,46 @@ class GrammarCompiler:
         self.sandbox = None  # sandbox.CompileSandbox: new specs compiled there first
         self._lock = threading.Lock()
         self._ll = None
+        self._ll_refused: Optional[str] = None  # why llguidance cannot read the tokenizer
         self._valid: Optional[np.ndarray] = None  # u32[W]: ids the tokenizer has
         self.hits = 0
         self.misses = 0
 
     def use_sandbox(self, limits=None):
-        """Compile every new spec first in worker processes (``sandbox.py``)."""
+        """Compile every new spec first in worker processes (``sandbox.py``). With a
+        tokenizer the grammar library cannot read there is nothing to compile: logged,
+        no workers started, None returned (constrained requests get ``unavailable``'s
+        ValueError)."""
         from pagedjax.structured_output.sandbox import CompileSandbox, tokenizer_json
 
-        self.ll_tokenizer()
+        why = self.unavailable
+        if why is not None:
+            logger.warning("%s; every request with structured_outputs will be refused", why)
+            return None
         self.sandbox = CompileSandbox(tokenizer_json(self.tokenizer), self.vocab_size,
                                       self.eos_token_ids, limits)
         return self.sandbox
+
+    @property
+    def unavailable(self) -> Optional[str]:
+        """Why structured outputs cannot work with this tokenizer (the grammar library
+        cannot read it, e.g. a WordPiece decoder), or None when they can."""
+        try:
+            self.ll_tokenizer()
+        except ValueError as e:
+            return str(e)
+        return None
 
     @property
     def num_words(self) -> int:
         return (self.vocab_size + 31) // 32
 
     def ll_tokenizer(self):
-        """llguidance's view of the tokenizer (built once, ~0.5 s)."""
+        """llguidance's view of the tokenizer (built once, ~0.5 s). A tokenizer it
+        cannot read raises ValueError saying so, every time (tried once)."""
         with self._lock:
+            if self._ll_refused is not None:
+                raise ValueError(self._ll_refused)
             if self._ll is None:
                 import llguidance.hf
 
@@ -193,9 +216,10 @@ class GrammarCompiler:
                         self.tokenizer, n_vocab=self.vocab_size,
                         eos_token=self.eos_token_ids or None)
                 except ValueError as e:  # e.g. a WordPiece decoder
-                    raise ValueError("structured_outputs are not available for this model: "
-                                     "the grammar library cannot read its tokenizer "
-                                     f"({short_error(str(e))})") from None
+                    self._ll_refused = ("structured_outputs are not available for this model: "
+                                        "the grammar library cannot read its tokenizer "
+                                        f"({short_error(str(e))})")
+                    raise ValueError(self._ll_refused) from None
                 n_real = min(len(self.tokenizer), self.vocab_size)
                 bits = np.zeros(self.num_words * 32, np.uint8)
                 bits[:n_real] = 1

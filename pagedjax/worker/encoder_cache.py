@@ -4,8 +4,8 @@
     rows = cache.get(item, holder="req-1")      # encodes on a miss (its own program)
     cache.release("req-1")                      # every image of req-1 consumed
 
-The encoder runs once per image (``encode(pixel_values f32[1, C, S, S]) -> [1, n, H]``,
-a jitted program per image size: the static patch bucket). An entry stays while
+The encoder runs once per image (``encode(item.data) -> [R, H]``, R >= the image's
+placeholder tokens: a jitted program per static patch bucket, padded rows last). An entry stays while
 some request holds it (``get`` with its id) and has not released it (the engine
 releases a request when all of its image tokens are computed, or when it leaves);
 entries nobody holds stay as a least-recently-used reserve of up to
@@ -17,8 +17,6 @@ from __future__ import annotations
 import collections
 import time
 from typing import Callable
-
-import numpy as np
 
 from pagedjax.core.mm_item import MMItem
 
@@ -36,16 +34,15 @@ class EncoderCache:
         self.encode_seconds = 0.0  # host time dispatching the encoder (async on devices)
 
     def get(self, item: MMItem, holder: str):
-        """The image's encoder output [length, H] (a device array); ``holder`` keeps it."""
+        """The image's encoder output [R >= length, H] (a device array); ``holder`` keeps it."""
         h = item.content_hash
         rows = self.entries.get(h)
         if rows is None:
             self.misses += 1
             t0 = time.perf_counter()
-            out = self.encode(np.asarray(item.data, np.float32)[None])
-            rows = out[0]
+            rows = self.encode(item.data)
             self.encode_seconds += time.perf_counter() - t0
-            if rows.shape[0] != item.length:
+            if rows.shape[0] < item.length:
                 raise ValueError(f"the vision encoder made {rows.shape[0]} rows for an image "
                                  f"with {item.length} placeholder tokens")
             self.entries[h] = rows

@@ -6,7 +6,10 @@ row, :meth:`InputBatch.remove` moves the last row into the hole (the rows stay
 dense, ``0 .. len - 1``). Every column is indexed by that row:
 
 * the page table (``page_table.PageTable``), changed only by what each
-  scheduled row says it gained (:meth:`apply_page_changes`);
+  scheduled row says it gained (:meth:`apply_page_changes`); under hybrid KV
+  groups (``core/kv_groups.py``) one table per group, each changed by that
+  group's page changes (a sliding-window group's pages given back become the
+  null page 0 in its table);
 * the sampling parameters fixed for the sequence: greedy, temperature, top-k,
   top-p, min-p, the seed's key words, whether the row needs its full state
   each step (penalties, bans, bias, allowed ids, bad words, a grammar), its
@@ -51,7 +54,7 @@ class InputBatch:
     """The live sequences' columns (see the module docstring)."""
 
     def __init__(self, page_width: int, capacity: int = _FIRST_CAPACITY,
-                 eos_token_ids: Sequence[int] = ()):
+                 eos_token_ids: Sequence[int] = (), num_groups: int = 1):
         self.eos_token_ids = tuple(eos_token_ids)
         self.index: dict[str, int] = {}  # sequence id -> its row
         self.seq_ids: list[str] = []
@@ -59,7 +62,9 @@ class InputBatch:
         self.sampling: list[Any] = []
         self.prompts: list[Sequence[int]] = []
         self.outputs: list[Sequence[int]] = []
-        self.page_table = PageTable(page_width, capacity)
+        # One page table per KV group; group 0's is ``page_table``.
+        self.page_tables = [PageTable(page_width, capacity) for _ in range(num_groups)]
+        self.page_table = self.page_tables[0]
         self._columns: dict[str, np.ndarray] = {}
         for name, dtype, width in (
                 ("sample_index", np.int64, 0), ("num_prompt", np.int64, 0),
@@ -112,7 +117,8 @@ class InputBatch:
         c["num_logprobs"][row] = NO_LOGPROBS if params.logprobs is None else params.logprobs
         c["lora_id"][row] = lora_id
         c["sample_pos"][row] = -1
-        self.page_table.clear(row)
+        for table in self.page_tables:
+            table.clear(row)
         return row
 
     def remove(self, seq_id: str) -> None:
@@ -129,7 +135,8 @@ class InputBatch:
                 lst[row] = lst[last]
             for col in self._columns.values():
                 col[row] = col[last]
-            self.page_table.move(last, row)
+            for table in self.page_tables:
+                table.move(last, row)
         for lst in (self.seq_ids, self.request_ids, self.sampling, self.prompts, self.outputs):
             lst.pop()
 
@@ -138,7 +145,8 @@ class InputBatch:
             new = np.zeros((capacity,) + col.shape[1:], col.dtype)
             new[:len(col)] = col
             self._columns[name] = new
-        self.page_table.grow(capacity)
+        for table in self.page_tables:
+            table.grow(capacity)
 
     def request_of(self, seq_id: str) -> tuple[str, int] | None:
         """(request id, sample index) of a live sequence, else None."""
@@ -159,7 +167,9 @@ class InputBatch:
     def apply_page_changes(self, rows: Sequence, idx: np.ndarray) -> None:
         """Apply each scheduled row's page change (``ScheduledRow.page_start`` and
         ``new_page_ids``; None: the row's whole ``page_ids``) to its sequence's row
-        ``idx[i]``. Rows whose pages did not change cost one comparison each."""
+        ``idx[i]``, and under hybrid KV groups each group's (``group_page_starts``
+        and ``group_new_page_ids``). Rows whose pages did not change cost one
+        comparison each."""
         table, n = self.page_table, len(rows)
         news = list(map(_new_page_ids, rows))
         # The rows that gained pages or lost some (C-level passes over the rows).
@@ -174,6 +184,25 @@ class InputBatch:
             for i, new in enumerate(news):
                 if new is None:
                     table.set_row(int(idx[i]), rows[i].page_ids, rows[i].request_id)
+        if len(self.page_tables) > 1:
+            self._apply_group_changes(rows, idx)
+
+    def _apply_group_changes(self, rows: Sequence, idx: np.ndarray) -> None:
+        """KV groups 1..: each row's change of each group's page list (rows without
+        them, built by hand, give their whole lists: ``group_page_ids``, else
+        ``page_ids``)."""
+        for i, r in enumerate(rows):
+            row = int(idx[i])
+            lists = getattr(r, "group_page_ids", None)
+            starts = getattr(r, "group_page_starts", None)
+            news = getattr(r, "group_new_page_ids", None)
+            for g, table in enumerate(self.page_tables[1:]):
+                if news is not None and news[g] is not None:
+                    if news[g] or starts[g] != table.num_pages[row]:
+                        table.apply(row, starts[g], news[g], r.request_id)
+                else:
+                    table.set_row(row, r.page_ids if lists is None else lists[g],
+                                  r.request_id)
 
     def sampling_layout(self, rows, idx: np.ndarray, kv_lens: np.ndarray, s: int,
                         forks: Sequence[tuple[int, int]]):

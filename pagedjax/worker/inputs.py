@@ -132,17 +132,20 @@ def logprob_bucket(k: int | None) -> int | None:
     return None if k is None else next(b for b in LOGPROB_BUCKETS if b >= k)
 
 
-def prepare(buckets: Buckets, rows, table_rows: np.ndarray, table: PageTable, *,
+def prepare(buckets: Buckets, rows, table_rows: np.ndarray, table, *,
             placeholder_src: np.ndarray | None = None, prompt_lp: dict[str, int] | None = None,
-            prompt_tokens=None, lora_slots: np.ndarray | None = None):
+            prompt_tokens=None, lora_slots: np.ndarray | None = None, mrope=None):
     """Host-side padding of one step's model inputs. Returns (BatchInputs numpy
-    pytree, (T, S, P)). ``table_rows``: each row's row in ``table`` (page_table.py);
+    pytree, (T, S, P)). ``table_rows``: each row's row in ``table`` (page_table.py's
+    PageTable, or a list of them, one per KV group under a hybrid layout: the step's
+    page_table is then i32[G, S, P] and its slot_mapping i32[G, T]);
     ``placeholder_src``: per row, where its placeholder reads its token in the
     previous step's sampled tokens (read only where the row's last token is -1; it
     becomes the per-token ``BatchInputs.token_src``);
     ``prompt_lp``: request id -> k for rows wanting prompt logprobs, whose full
     prompts ``prompt_tokens(request id)`` gives; ``lora_slots``: each row's LoRA
-    slot (-1: none), None when LoRA is off."""
+    slot (-1: none), None when LoRA is off; ``mrope``: M-RoPE models,
+    ``request_id -> (table, delta) | None`` (worker/mrope.py)."""
     ps = buckets.page_size
     n_rows = len(rows)
     # The rows' columns by C-level loops (map + attrgetter: this runs per step, on the
@@ -175,15 +178,25 @@ def prepare(buckets: Buckets, rows, table_rows: np.ndarray, table: PageTable, *,
     slots = np.zeros(t, np.int32)
     kv_lens = np.zeros(s, np.int32)
     kv_lens[:n_rows] = starts + lens
-    page_table = table.gather(table_rows, p, s)
-    slots[:num_tokens] = page_table[row_of, pos // ps] * ps + pos % ps
+    if isinstance(table, PageTable):
+        page_table = table.gather(table_rows, p, s)
+        slots[:num_tokens] = page_table[row_of, pos // ps] * ps + pos % ps
+    else:  # hybrid KV groups: page_table i32[G, S, P], slot_mapping i32[G, T]
+        page_table = np.stack([tb.gather(table_rows, p, s) for tb in table])
+        slots = np.zeros((len(table), t), np.int32)
+        slots[:, :num_tokens] = page_table[:, row_of, pos // ps] * ps + pos % ps
     cu = np.zeros(s + 1, np.int32)
     cu[1:n_rows + 1] = ends
     cu[n_rows + 1:] = num_tokens
+    mrope_positions = None
+    if mrope is not None:  # three rotary position rows (Qwen2.5-VL)
+        from pagedjax.worker.mrope import step_positions
+
+        mrope_positions = step_positions(rows, positions, offs, mrope)
     meta = AttentionMetadata(
         positions=positions, slot_mapping=slots, kv_lens=kv_lens, page_table=page_table,
         cu_q_lens=cu, num_seqs=np.int32(n_rows), lora_slots=_token_lora(lora_slots, row_of, t),
-        max_q_len=1 if decode else None)
+        mrope_positions=mrope_positions, max_q_len=1 if decode else None)
     batch = BatchInputs(token_ids=token_ids, token_src=src, meta=meta,
                         logits_index=_logits_index(rows, ends, s),
                         prompt_next_ids=_prompt_next_ids(rows, cu, t, prompt_lp, prompt_tokens))
@@ -232,31 +245,45 @@ def _prompt_next_ids(rows, cu: np.ndarray, t: int, prompt_lp, prompt_tokens) -> 
     return next_ids
 
 
-def explicit_table(rows, width: int) -> tuple[PageTable, np.ndarray]:
+def explicit_table(rows, width: int, group: int = 0) -> tuple[PageTable, np.ndarray]:
     """A page table holding ``rows``' whole page lists (rows built by hand, or
-    for a model with no persistent batch of its own), and each row's row in it."""
+    for a model with no persistent batch of its own), and each row's row in it.
+    ``group`` > 0: the rows' page lists of that KV group (``group_page_ids[group - 1]``;
+    a row without them, a warm-up row, gives its ``page_ids``)."""
     table = PageTable(width, max(len(rows), 1))
     for i, r in enumerate(rows):
-        table.set_row(i, r.page_ids, r.request_id)
+        table.set_row(i, group_pages_of(r, group), r.request_id)
     return table, np.arange(len(rows), dtype=np.int64)
+
+
+def group_pages_of(row, group: int):
+    """A row's page list in KV group ``group`` (its ``page_ids`` for group 0, or when
+    it carries no group lists)."""
+    groups = getattr(row, "group_page_ids", None)
+    return row.page_ids if not group or groups is None else groups[group - 1]
 
 
 def prepare_explicit(buckets: Buckets, rows, sample_rows: Sequence[SampleRow],
                      prompt_lp: dict[str, int], prompt_tokens: dict[str, list[int]] | None,
                      placeholder_src_of: dict[str, int] | None, vocab_size: int,
-                     max_model_len: int, lora_slots=None):
+                     max_model_len: int, lora_slots=None, num_groups: int = 1, mrope=None):
     """A step of rows built by hand, with explicit sampling rows (``SampleRow``):
     warm-up, draft models, tests. ``placeholder_src_of``: request id -> where its
-    placeholder reads its token. Returns (BatchInputs, SamplingTensors,
+    placeholder reads its token; ``num_groups``: KV groups (one page table each);
+    ``mrope``: see :func:`prepare`. Returns (BatchInputs, SamplingTensors,
     sample_index, num_logprobs, prompt_k, (T, S, P))."""
-    table, idx = explicit_table(rows, buckets.p_buckets()[-1])
+    width = buckets.p_buckets()[-1]
+    tables = [explicit_table(rows, width, g)[0] for g in range(num_groups)]
+    idx = np.arange(len(rows), dtype=np.int64)
+    table = tables[0] if num_groups == 1 else tables
     src = None
     if placeholder_src_of:
         src = np.array([placeholder_src_of.get(r.request_id, -1) for r in rows], np.int32)
     full = prompt_tokens or {}
     batch, (t, s, p) = prepare(buckets, rows, idx, table, placeholder_src=src,
                                prompt_lp=prompt_lp,
-                               prompt_tokens=full.__getitem__, lora_slots=lora_slots)
+                               prompt_tokens=full.__getitem__, lora_slots=lora_slots,
+                               mrope=mrope)
     r_pad = sampling_rows_padded(len(sample_rows), s)
     sample_index = np.zeros(r_pad, np.int32)
     sample_index[:len(sample_rows)] = list(map(_row_index, sample_rows))

@@ -50,7 +50,8 @@ class CompileCounter:
         jax.monitoring.register_event_listener(hits)
 
 
-def make_plan(attn_backend: str, mesh=None, expert_parallel: bool = False) -> ExecutionPlan:
+def make_plan(attn_backend: str, mesh=None, expert_parallel: bool = False,
+              kv_layout: tuple | None = None) -> ExecutionPlan:
     """The execution plan of an engine: its backend, matmul routing and mesh.
 
     On the cpu_native backend, steps of at most ``native_matmul_rows`` tokens
@@ -71,16 +72,26 @@ def make_plan(attn_backend: str, mesh=None, expert_parallel: bool = False) -> Ex
         int8 = quant_kernel_choice("int8", rows)["rows"]
     return ExecutionPlan(attn_backend=attn_backend, native_matmul_rows=rows,
                          block_matmul_rows=block, int8_matmul_rows=int8, mesh=mesh,
-                         expert_parallel=expert_parallel and mesh is not None)
+                         expert_parallel=expert_parallel and mesh is not None,
+                         kv_layout=kv_layout)
 
 
-def kv_cache_bytes_per_page(info, page_size: int, dtype) -> int:
-    return info.num_layers * page_size * 2 * info.num_kv_heads * info.head_dim * jnp.dtype(dtype).itemsize
+def kv_cache_bytes_per_page(info, page_size: int, dtype, layout=None) -> int:
+    """Bytes of one page id: its K/V in every array of the pool (one per layer, or
+    ``layout.num_slots`` under hybrid KV groups)."""
+    layers = info.num_layers if layout is None else layout.num_slots
+    return layers * page_size * 2 * info.num_kv_heads * info.head_dim * jnp.dtype(dtype).itemsize
 
 
 def default_num_pages(info, page_size: int, kv_dtype, max_model_len: int, max_num_seqs: int,
-                      budget_bytes: int) -> int:
-    per_page = kv_cache_bytes_per_page(info, page_size, kv_dtype)
+                      budget_bytes: int, layout=None, chunk: int | None = None) -> int:
+    """Pages the budget holds (capped at what max_num_seqs full-length sequences use);
+    ``layout`` (core/kv_groups.py): a page then holds ``layout.num_slots`` layers."""
+    per_page = kv_cache_bytes_per_page(info, page_size, kv_dtype, layout)
     n = budget_bytes // per_page
-    need = max_num_seqs * math.ceil(max_model_len / page_size)
+    if layout is None:
+        need = max_num_seqs * math.ceil(max_model_len / page_size)
+    else:
+        need = max_num_seqs * layout.pages_per_seq(max_model_len, page_size,
+                                                   chunk or max_model_len)
     return int(max(2, min(n, need + 1)))

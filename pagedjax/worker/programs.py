@@ -29,6 +29,8 @@ def model_compile_job(runner, rows, sample_rows: Sequence[SampleRow]):
         rows, sample_rows, {}, {}, None, None)
     bbufs, bspec = pack(batch)
     args = (runner.params, runner.kv_caches, bbufs, runner.no_tokens)
+    if runner.images is not None:  # as the runner's step passes them
+        args += (runner.images.step_inputs((), len(batch.token_ids)),)
     kw = dict(spec=bspec, plan=runner.plan, prompt_k=prompt_k)
     return ("model", bspec, prompt_k), lambda: runner.step_program.lower(*args, **kw).compile()
 

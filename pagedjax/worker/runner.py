@@ -77,8 +77,10 @@ class Runner:
         self.mesh = plan.mesh
         self.lora_enabled = getattr(model, "lora", None) is not None  # per-token slots in batches
         self.shapes_seen: set[tuple] = set()
-        # The live sequences' rows (input_batch.py); page-table rows at the widest bucket.
-        self.input_batch = InputBatch(self.buckets.p_buckets()[-1])
+        # The live sequences' rows (input_batch.py); page-table rows at the widest bucket,
+        # one table per KV group under a hybrid layout (plan.kv_layout; core/kv_groups.py).
+        num_groups = 1 if plan.kv_layout is None else 1 + max(g for g, _ in plan.kv_layout)
+        self.input_batch = InputBatch(self.buckets.p_buckets()[-1], num_groups=num_groups)
         # lora_int_id -> device slot (LoRAManager.slot_of), None without LoRA.
         self.lora_slot = lora_slot
         # The latest steps only (bounded): launch-to-fetch seconds, and beside each
@@ -114,9 +116,19 @@ class Runner:
         self.sampler_program = jax.jit(self._sample_impl,
                                static_argnames=("spec", "num_logprobs", "backend"))
         self.copy_program = jax.jit(self._copy_impl, donate_argnums=(0,), out_shardings=copy_out)
-        self._encode = None  # the vision encoder's program (encode_images), made on first use
-        # The image rows a step reads, gathered to the step's token bucket (mm_inputs.py).
-        self._gather_rows = jax.jit(lambda buf, rows: jnp.take(buf, rows, axis=0))
+        self._logits = None  # the logits head alone (logits_of), made on first use
+        # Vision-language models: the encoder and image-row programs (mm_programs.py);
+        # example encoder data per patch bucket, for warm-up (set by the engine).
+        self.images = None
+        self.encoder_examples: list = []
+        if getattr(model, "is_multimodal", False):
+            from pagedjax.worker.mm_programs import ImagePrograms
+
+            self.images = ImagePrograms(model, plan, model.info.hidden_size, model.info.dtype,
+                                        pool=lambda: self.compile_pool)
+        # M-RoPE models: request id -> (prompt positions, delta) | None (worker/mrope.py);
+        # the engine core points it at its requests.
+        self.mrope_of = (lambda sid: None) if getattr(model, "uses_mrope", False) else None
 
     # ------------------------------------------------------------------ device
     def _step_impl(self, params, kv_caches, bufs, prev_tokens, mm=None, *, spec: PackSpec,
@@ -159,11 +171,21 @@ class Runner:
             return copy_pages(*kv_caches, src, dst, layer_axis=True)
         return tuple(copy_pages(pages, scales, src, dst) for pages, scales in kv_caches)
 
-    def encode_images(self, pixel_values: np.ndarray) -> jax.Array:
-        """The vision encoder (its own program per image size) -> [N, tokens, H]."""
-        if self._encode is None:
-            self._encode = jax.jit(self.model.encode_images, static_argnames=("plan",))
-        return self._encode(self.params, pixel_values, plan=self.plan)
+    def encode_item(self, data) -> jax.Array:
+        """One image's encoder data (``MMItem.data``) -> its rows [R, H] on the device
+        (the vision encoder: its own program per static patch bucket)."""
+        return self.images.encode(self.params, data)
+
+    def logits_of(self, hidden: np.ndarray) -> np.ndarray:
+        """f32[n, H] final hidden states (a pooling request's) -> f32[n, vocab] logits, by
+        the step's own logits head; rows padded to a power of two (one program each)."""
+        hidden = np.asarray(hidden, np.float32)
+        n = hidden.shape[0]
+        padded = np.zeros((pow2(n, 1), hidden.shape[1]), np.float32)
+        padded[:n] = hidden
+        if self._logits is None:
+            self._logits = jax.jit(self.model.compute_logits, static_argnames=("plan",))
+        return np.asarray(jax.device_get(self._logits(self.params, padded, plan=self.plan)))[:n]
 
     def copy_pages(self, copies: Sequence[tuple[int, int]]) -> None:
         if not copies:
@@ -202,7 +224,9 @@ class Runner:
             lora_slots = [-1] * len(rows)
         return prepare_explicit(self.buckets, rows, sample_rows, prompt_lp, prompt_tokens,
                                 placeholder_src_of, self.vocab_size, self.max_model_len,
-                                lora_slots if self.lora_enabled else None)
+                                lora_slots if self.lora_enabled else None,
+                                num_groups=len(self.input_batch.page_tables),
+                                mrope=self.mrope_of)
 
     def prepare_step(self, rows, prompt_lp: dict[str, int], placeholders: bool):
         """The model inputs of an engine step over the persistent batch: each row's
@@ -219,9 +243,11 @@ class Runner:
                 # Each adapter once, in the order of its last row (the slots' recency).
                 for lid in list(dict.fromkeys(reversed(ids.tolist())))[::-1]:
                     lora[ids == lid] = self.lora_slot(lid)
-        batch, shape = prepare(self.buckets, rows, idx, ib.page_table,
+        tables = ib.page_table if len(ib.page_tables) == 1 else ib.page_tables
+        batch, shape = prepare(self.buckets, rows, idx, tables,
                                placeholder_src=ib.sample_pos[idx] if placeholders else None,
-                               prompt_lp=prompt_lp, prompt_tokens=ib.prompt_of, lora_slots=lora)
+                               prompt_lp=prompt_lp, prompt_tokens=ib.prompt_of, lora_slots=lora,
+                               mrope=self.mrope_of)
         return batch, shape, idx
 
     def launch(self, rows, *, forks: Sequence[tuple[int, int]] = (),
@@ -236,7 +262,7 @@ class Runner:
         maps request ids wanting prompt logprobs to k; rows with a placeholder token
         read it from ``prev``'s sampled tokens. ``defer_sample``: dispatch only the
         model; :meth:`launch_sample` dispatches the sampler. ``mm``: the step's image
-        inputs (worker/mm_inputs.py step_mm_inputs) or None."""
+        pieces (worker/mm_inputs.py step_pieces) or None."""
         prompt_lp = prompt_lp or {}
         ib = self.input_batch
         batch, shape, idx = self.prepare_step(rows, prompt_lp, prev is not None)
@@ -309,10 +335,8 @@ class Runner:
         bbufs, bspec = pack(batch)
         if self.compile_pool is not None:
             self.compile_pool.need(("model", bspec, prompt_k))
-        if mm is not None:
-            from pagedjax.worker.mm_inputs import step_rows
-
-            mm = step_rows(self._gather_rows, mm, len(batch.token_ids))
+        if self.images is not None:  # every step of a vision-language model: one program
+            mm = self.images.step_inputs(mm or (), len(batch.token_ids))
         # The numpy buffers go straight into the jitted call (one copy per dtype, made by
         # jit's C++ path: cheaper than a jax.device_put first, and placed as compiled).
         t0, c0 = time.perf_counter(), time.thread_time()

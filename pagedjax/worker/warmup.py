@@ -3,7 +3,10 @@
 
 A step runs up to three programs (runner.py): the model program of its
 padded shape (the expensive one), the sampler program of its logits rows,
-sampling rows and sampler variant, and page copies for n > 1 forks. Warm-up
+sampling rows and sampler variant, and page copies for n > 1 forks; a
+vision-language model adds the vision encoder (per patch bucket) and the
+gather of the step's image rows (per token bucket and encoder output size,
+``mm_programs.py``). Warm-up
 lists each distinct program once -- the model program of every step shape
 (``step_shapes``), the common sampler variants (``WARM_SAMPLING``) at every
 row bucket, the page copies -- and compiles them with ``jax.jit(...).lower(
@@ -158,6 +161,11 @@ def _jobs(runner, shapes) -> tuple[dict[tuple, Callable[[], object]], dict[tuple
     for r in row_buckets(runner.max_num_seqs):  # copy-on-write page copies (n > 1, beams)
         key, job = programs.copy_compile_job(runner, r)
         jobs.setdefault(key, job)
+    images = getattr(runner, "images", None)
+    if images is not None:  # vision-language: the encoder per patch bucket, the row gathers
+        enc, rows = images.encoder_jobs(runner.params, runner.encoder_examples)
+        jobs.update(enc)
+        jobs.update(images.place_jobs(sorted({t for _, t, _, _ in shapes}), rows))
     return jobs, sizes
 
 

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from pagedjax.benchmarks.serve_data import random_requests, sharegpt_requests
+from pagedjax.benchmarks.serve_data import (random_requests, sharegpt_length_requests,
+                                             sharegpt_requests)
 from pagedjax.benchmarks.serve_metrics import RequestResult, parse_goodput, summarize
 
 
@@ -26,6 +27,33 @@ def test_workloads(tmp_path):
     assert [r.prompt for r in sg] == ["a b c"] * 3 and sg[0].output_len == 4
     with pytest.raises(ValueError, match="range"):
         random_requests(1, 4, 4, 1.5, 0)
+    lens = sharegpt_length_requests(400, 0.15, 128, seed=2)
+    assert all(r.prompt_words + r.output_len <= 127 and r.output_len >= 1 for r in lens)
+    mean_in = sum(r.prompt_words for r in lens) / len(lens)
+    assert 0.7 * 161 * 0.15 < mean_in < 1.3 * 161 * 0.15  # ShareGPT's mean, scaled
+    assert len({r.output_len for r in lens}) > 20  # long-tailed, not one length
+
+
+def test_one_command_with_both_commands_options():
+    """`bench serving` is `bench serve` with the older command's defaults; options of
+    both parse on either name; conflicting ones are a clear error."""
+    import argparse
+
+    from pagedjax.benchmarks import serve
+    from pagedjax.entrypoints import cli_extra
+
+    root = argparse.ArgumentParser()
+    cli_extra.register(root.add_subparsers(dest="command"))
+    ns = root.parse_args(["bench", "serving", "--num-prompts", "3"])
+    assert ns.dataset_name == "sharegpt-lengths" and ns.warmup_prompts == 4
+    assert ns.request_rate == [0.5, 1.0, 2.0, float("inf")] and ns.num_prompts == 3
+    ns = root.parse_args(["bench", "serve", "--request-rates", "1,inf", "--start-server",
+                          "--server-args", "--max-num-seqs 4"])
+    serve.check_args(ns)
+    assert ns.request_rate == [1.0, float("inf")] and ns.start_server
+    bad = root.parse_args(["bench", "serve", "--start-server", "--base-url", "http://x"])
+    with pytest.raises(ValueError, match="not both"):
+        serve.check_args(bad)
 
 
 def test_metrics_and_goodput():
@@ -70,3 +98,31 @@ def test_bench_serve_against_server(server, tmp_path):
     both = json.loads(out.read_text())["servers"]
     assert [r["label"] for r in both] == ["a", "b"]
     assert all(r["completed"] == 3 and r["total_output_tokens"] == 12 for r in both)
+    # several request rates against one server: one run each, compared; a warm-up first
+    rc = main(["bench", "serve", "--base-url", server.url, "--api-key", server.api_key,
+               "--num-prompts", "2", "--random-input-len", "8", "--random-output-len", "3",
+               "--request-rate", "50", "inf", "--warmup-prompts", "1", "--save-result",
+               "--result-dir", str(tmp_path), "--result-filename", out.name, "--disable-tqdm"])
+    assert rc == 0
+    runs = json.loads(out.read_text())["servers"]
+    assert [r["request_rate"] for r in runs] == [50.0, "inf"]
+    assert all(r["completed"] == 2 and r["total_output_tokens"] == 6 for r in runs)
+
+
+@pytest.mark.slow
+def test_bench_serving_starts_its_own_server(tiny_llama_dir, smollm2_gguf, tmp_path, capsys):
+    """The deprecated name with no --base-url: a pagedjax server started, measured at
+    two rates, stopped."""
+    from pagedjax.entrypoints.cli import main
+
+    rc = main(["bench", "serving", "--server-args",
+               f"--model {tiny_llama_dir} --tokenizer {smollm2_gguf} --max-model-len 128 "
+               "--max-num-seqs 4 --num-pages 64 --log-level warning",
+               "--num-prompts", "3", "--request-rate", "20", "inf", "--warmup-prompts", "1",
+               "--sharegpt-lengths-max-len", "48", "--save-result", "--result-dir",
+               str(tmp_path), "--result-filename", "s.json", "--disable-tqdm"])
+    assert rc == 0
+    assert "deprecated" in capsys.readouterr().err
+    runs = json.loads((tmp_path / "s.json").read_text())["servers"]
+    assert len(runs) == 2 and all(r["completed"] == 3 and r["failed"] == 0 for r in runs)
+    assert all(r["label"].startswith("pagedjax (started)") for r in runs)

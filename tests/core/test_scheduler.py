@@ -380,7 +380,7 @@ def test_clear_value_errors():
     with pytest.raises(ValueError, match="empty"):
         s.add_request(req("a", []))
     with pytest.raises(ValueError, match="max_tokens"):
-        s.add_request(req("a", [1], max_tokens=0))
+        s.add_request(req("a", [1], max_tokens=-1))
     s.add_request(req("a", range(16)))
     with pytest.raises(ValueError, match="already in use"):
         s.add_request(req("a", [1]))
@@ -530,3 +530,38 @@ def test_overlapped_scheduling_gives_serial_outputs(seed):
         st = s.stats()
         assert st.used == 0 and st.total_refs == 0, st
     assert results[1] == results[0]
+
+
+@pytest.mark.parametrize("prompt_len, budget", [(16, 64), (17, 8)])
+def test_prefill_only_request_samples_nothing(prompt_len, budget):
+    """max_tokens=0 (pooling): its rows sample nothing (no placeholder), it gets no
+    page past its prompt and finishes ('length') when its last prompt row lands,
+    scheduled overlapped; (17, 8): chunks of 8, 8 and a last row of one token."""
+    s = Scheduler(num_pages=16, page_size=8, max_num_seqs=4, max_num_batched_tokens=budget,
+                  max_model_len=64)
+    r = req("p", range(1, prompt_len + 1), max_tokens=0)
+    g = req("g", range(100, 104), max_tokens=3)
+    s.add_request(r)
+    s.add_request(g)
+    rows_of_p, finished, prev = [], {}, None
+    for _ in range(10):
+        out = s.schedule()  # the next step is scheduled before the last one's update
+        rows_of_p += [row for row in out.rows if row.request_id == "p"]
+        if prev is not None:
+            sampled = {row.request_id: [7] for row in prev.rows if row.num_samples}
+            finished.update({q.request_id: q for q in s.update(prev, sampled) if q.is_finished})
+        prev = out
+        if "p" in s.requests:
+            assert len(r.page_ids) <= -(-prompt_len // 8) and r.num_pending == 0
+    assert sum(len(row.token_ids) for row in rows_of_p) == prompt_len
+    assert all(row.num_samples == 0 for row in rows_of_p)
+    assert r.output_token_ids == [] and finished["p"].finish_reason == "length"
+    assert finished["g"].output_token_ids == [7, 7, 7]
+    assert s.pool.stats().used == 0 and not s.has_unfinished_requests()
+
+
+def test_prefill_only_needs_one_sample():
+    s = Scheduler(num_pages=8, page_size=8, max_num_seqs=4, max_num_batched_tokens=32,
+                  max_model_len=64)
+    with pytest.raises(ValueError, match="max_tokens must be >= 1"):
+        s.add_request(req("x", [1, 2], max_tokens=0, n=2))

@@ -9,7 +9,7 @@ import pytest
 
 from pagedjax import SamplingParams
 from pagedjax.entrypoints.pooling import pool, pooling_params
-from tests.utils.qwen3_tiny import build_random_qwen3
+from tests.utils.qwen3_tiny import build_random_qwen3, hf_embed
 
 TOL = 1e-4  # float32 on both sides, unit-norm vectors (absolute, per component)
 TEXTS = ["the river is by the garden", "music in the city at night " * 4, "water"]
@@ -29,23 +29,6 @@ def llm(qwen3_dir):
                max_num_batched_tokens=32)
 
 
-def hf_embed(path: str, texts, pooling: str, dims=None) -> list[np.ndarray]:
-    import torch
-    from transformers import AutoModel, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModel.from_pretrained(path, dtype=torch.float32)
-    out = []
-    with torch.no_grad():
-        for t in texts:
-            ids = tok(t, return_tensors="pt", add_special_tokens=False)
-            h = model(**ids).last_hidden_state[0]
-            v = h[-1] if pooling == "last" else h.mean(0)
-            v = v[:dims] if dims else v
-            out.append((v / v.norm()).numpy())
-    return out
-
-
 @pytest.mark.parametrize("pooling", ["last", "mean"])
 def test_embed_matches_transformers(llm, qwen3_dir, pooling):
     got = llm.embed(TEXTS, pooling=pooling, use_tqdm=False)
@@ -62,15 +45,25 @@ def test_embed_matches_transformers(llm, qwen3_dir, pooling):
     assert np.abs(np.asarray(d16[0].outputs.embedding) - r16).max() < TOL
 
 
-def test_embed_prefix_cache_and_mixed_batch(llm, qwen3_dir):
+def test_embed_prefix_cache_and_mixed_batch(llm, qwen3_dir, monkeypatch):
     solo = [np.asarray(o.outputs.embedding) for o in llm.embed(TEXTS, use_tqdm=False)]
     again = llm.embed(TEXTS, use_tqdm=False)  # prompts now in the prefix cache
     for a, b in zip(again, solo):
         assert np.abs(np.asarray(a.outputs.embedding) - b).max() < TOL
     gen = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     alone = llm.generate(["the old house"], gen, use_tqdm=False)[0].outputs[0].token_ids
-    # one engine, generation and pooling requests in the same steps
+    # one engine, generation and pooling requests in the same steps; every sampler
+    # row the runner is given is recorded (the real launch runs)
     eng = llm.llm_engine
+    runner = eng.core.runner
+    sampled_ids: list[str] = []
+    launch = runner.launch
+
+    def recording_launch(rows, sample_rows, *args, **kw):
+        sampled_ids.extend(r.request_id for r in sample_rows)
+        return launch(rows, sample_rows, *args, **kw)
+
+    monkeypatch.setattr(runner, "launch", recording_launch)
     eng.add_request("g", "the old house", gen)
     for i, t in enumerate(TEXTS):
         eng.add_request(f"e{i}", t, pooling_params("mean"))
@@ -80,6 +73,12 @@ def test_embed_prefix_cache_and_mixed_batch(llm, qwen3_dir):
             if out.finished:
                 done[out.request_id] = out
     assert done["g"].outputs[0].token_ids == alone
+    # pooling requests never reach the sampler: the generation's 12 rows only
+    assert sampled_ids == ["g"] * 12
+    for i in range(len(TEXTS)):
+        o = done[f"e{i}"].outputs[0]
+        assert o.token_ids == [] and o.finish_reason == "length"
+    assert eng.core.scheduler.stats().used == 0
     ref = hf_embed(qwen3_dir, TEXTS, "mean")
     for i in range(len(TEXTS)):
         v = pool(done[f"e{i}"].prompt_hidden_states, "mean")
@@ -93,3 +92,7 @@ def test_embed_bad_arguments(llm):
         llm.embed("x", dimensions=10**6)
     with pytest.raises(ValueError, match="prompt_hidden_states"):
         SamplingParams(prompt_hidden_states="first")
+    with pytest.raises(ValueError, match=r"max_tokens=0 \(prefill only\) needs prompt_hidden"):
+        SamplingParams(max_tokens=0)
+    with pytest.raises(ValueError, match="n must be 1"):
+        SamplingParams(max_tokens=0, n=2, prompt_hidden_states="last")

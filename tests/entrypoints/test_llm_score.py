@@ -1,12 +1,13 @@
 """LLM.score (a decoder as a yes/no cross-encoder reranker, as Qwen3-Reranker) equals
-transformers' softmax over the "no" / "yes" logits on a tiny random Qwen3."""
+transformers' softmax over the "no" / "yes" logits on a tiny random Qwen3; its
+requests are prefill only (no sampler row)."""
 
 from __future__ import annotations
 
 import pytest
 
-from pagedjax.entrypoints.scoring import YesNoScorer, pairs_of, rerank_prompt
-from tests.utils.qwen3_tiny import build_random_qwen3
+from pagedjax.entrypoints.scoring import YesNoScorer, pairs_of
+from tests.utils.qwen3_tiny import build_random_qwen3, hf_scores
 
 QUERY = "where is the river"
 DOCS = ["the river is by the garden", "music in the city", "water", "the old house"]
@@ -18,27 +19,21 @@ def qwen3_dir(tmp_path_factory):
     return build_random_qwen3(str(tmp_path_factory.mktemp("qwen3_score")))
 
 
-def hf_scores(path: str, pairs) -> list[float]:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    yes, no = tok.convert_tokens_to_ids("yes"), tok.convert_tokens_to_ids("no")
-    out = []
-    with torch.no_grad():
-        for q, d in pairs:
-            ids = tok(rerank_prompt(q, d), return_tensors="pt", add_special_tokens=False)
-            logits = model(**ids).logits[0, -1]
-            out.append(torch.softmax(logits[[no, yes]], -1)[1].item())
-    return out
-
-
-def test_score_matches_transformers(qwen3_dir):
+def test_score_matches_transformers(qwen3_dir, monkeypatch):
     from pagedjax import LLM
 
     llm = LLM(qwen3_dir, max_model_len=512, max_num_seqs=8, num_pages=160)
+    runner = llm.llm_engine.core.runner
+    sampled: list[str] = []
+    launch = runner.launch
+
+    def recording_launch(rows, sample_rows, *args, **kw):
+        sampled.extend(r.request_id for r in sample_rows)
+        return launch(rows, sample_rows, *args, **kw)
+
+    monkeypatch.setattr(runner, "launch", recording_launch)
     outs = llm.score(QUERY, DOCS, use_tqdm=False)
+    assert sampled == []  # one prefill-only request per pair: no sampler row
     ref = hf_scores(qwen3_dir, pairs_of(QUERY, DOCS))
     got = [o.outputs.score for o in outs]
     assert got == pytest.approx(ref, abs=TOL)

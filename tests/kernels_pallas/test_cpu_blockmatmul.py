@@ -79,6 +79,30 @@ def assert_close(out, x, w):
         f"max |diff| / bound {np.max(err / (TOL * mag + 1e-30)):.3g}"
 
 
+def int4_case(group, m, k, n, seed):
+    """AWQ / GPTQ groups as int4_g<group> components: nibble values, f32 scales of
+    either sign, zero points 0..16 (GPTQ's +1 convention reaches 16); the reference
+    ``s * (q - z)`` in float64, written here from the formula."""
+    rng = np.random.default_rng(seed)
+    q = rng.integers(0, 16, (n, k)).astype(np.uint8)
+    s = (rng.uniform(0.002, 0.05, (n, k // group))
+         * np.where(rng.random((n, k // group)) < 0.3, -1, 1)).astype(np.float32)
+    z = rng.integers(0, 17, (n, k // group)).astype(np.uint8)
+    w = s.astype(np.float64).repeat(group, 1) * (q.astype(np.float64) - z.repeat(group, 1))
+    b = q.reshape(n, k // 32, 2, 16)
+    rows = {"qs": (b[:, :, 0] | (b[:, :, 1] << 4)).reshape(n, k // 2), "s": s, "z": z}
+    cols = {c: np.ascontiguousarray(v.T) for c, v in rows.items()}
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    return x, w.T, cols, rows
+
+
+def run_int4(fn, group, m, k, n, seed):
+    x, w, cols, rows = int4_case(group, m, k, n, seed)
+    kind = f"int4_g{group}"
+    assert_close(fn(kind, cols, x, False), x, w)
+    assert_close(fn(kind, rows, x, True), x, w)
+
+
 def run_both(fn, kind, m, k, n, seed):
     x, w, cols, rows = case(kind, m, k, n, seed)
     assert_close(fn(kind, cols, x, False), x, w)
@@ -104,19 +128,29 @@ def test_matches_gguf_dequantize_float64(kind):
         run_both(_jit_call, kind, m, k, n, seed=m + n)
 
 
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_int4_groups_match_numpy_float64(group):
+    """AWQ / GPTQ int4 groups (models/checkpoint_quant.py's repacking) in the block kernel."""
+    for m, k, n in [(1, 2 * group, 37), (5, group, 16), (13, 3 * group, 45), (4, 256, 3)]:
+        if k % group == 0:
+            run_int4(_jit_call, group, m, k, n, seed=m + n)
+
+
 def _path_call(lib, flags, tag):
     target = f"pagedjax_blockmatmul_{tag}_{abs(hash(tuple(flags)))}"
     jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(lib.PagedjaxBlockMatmul),
                                 platform="cpu")
 
     def run(kind, comps, x, transposed):
-        code, names, _ = cpu_block.KINDS[kind]
+        base, group = cpu_block.split_kind(kind)
+        code, names, _ = cpu_block.KINDS[base]
         args = [jnp.asarray(comps[c]) for c in names]
         args += [jnp.zeros((1,), jnp.uint8)] * (5 - len(args))
         n = args[0].shape[0] if transposed else args[0].shape[1]
         call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32))
         return np.asarray(call(jnp.asarray(x), *args, kind=np.int32(code),
-                               transposed=np.int32(transposed), n_out=np.int64(n)))
+                               transposed=np.int32(transposed), n_out=np.int64(n),
+                               group=np.int64(group)))
     return run
 
 
@@ -130,6 +164,8 @@ def test_every_build_path_matches_gguf(flags):
     for kind in KINDS:
         block = GGUF[kind][2]
         run_both(run, kind, 7, 2 * block, 37, seed=3)
+    for group in (32, 128):
+        run_int4(run, group, 7, 256, 37, seed=3)
 
 
 def test_row_results_do_not_depend_on_the_batch():
@@ -143,6 +179,8 @@ def test_row_results_do_not_depend_on_the_batch():
 
 def test_bad_arguments_name_what_to_change():
     x, _, cols, _ = case("q4_1", 2, 64, 16)
+    with pytest.raises(ValueError, match="int4_g<G>"):
+        cpu_block.blockmatmul("int4_g48", cols, jnp.asarray(x))
     with pytest.raises(ValueError, match="kind 'q5_0'"):
         cpu_block.blockmatmul("q5_0", cols, jnp.asarray(x))
     with pytest.raises(ValueError, match="components"):

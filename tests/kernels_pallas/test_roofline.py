@@ -79,3 +79,13 @@ def test_roofline_script_prints_measured_beside_expected(tmp_path):
     dec = rl.attention([1] * 64, [2048] * 64, hq=32, hkv=8, d=128, kv_itemsize=2)
     assert rows[0]["expected_ms"] == pytest.approx(dec.seconds(rl.CHIPS["H100"]) * 1e3)
     assert rows[0]["of_roofline"] == pytest.approx(rows[0]["expected_ms"] / 0.5)
+
+
+def test_grouped_matmul_reads_each_block_s_expert_once():
+    # 3 experts with 5, 0 and 20 rows; blocks of 16: 1 + 0 + 2 blocks.
+    c = rl.grouped_matmul([5, 0, 20], k=8, n=4, block=16, itemsize=2)
+    assert c.bytes == 3 * 8 * 4 * 2 + 25 * (8 + 4) * 2
+    assert c.flops == 2 * 3 * 16 * 8 * 4
+    assert rl.routed_rows(4, 128, 8) == [1] * 32  # 32 rows, 32 experts touched
+    assert rl.routed_rows(64, 8, 2) == [16] * 8
+    assert sum(rl.routed_rows(10, 3, 2)) == 20

@@ -33,62 +33,21 @@ import pagedjax.models as models  # noqa: E402
 from pagedjax.kernels_pallas.cpu import blockmatmul as cpu_block  # noqa: E402
 from pagedjax.models.base import ExecutionPlan  # noqa: E402
 from pagedjax.models.metadata import SeqChunk, build_metadata  # noqa: E402
+from tests.utils import gguf_models  # noqa: E402
 from tests.utils.paths import REPO_ROOT  # noqa: E402
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu",
                                 reason="the C++ block kernel is for the CPU backend")
-GT = gguf.GGMLQuantizationType
 TOL = 2e-4
-
-
-def _raw(kind: str, rows: int, n: int, rng) -> np.ndarray:
-    if kind in ("q8_0", "q4_0", "q4_1"):
-        return gguf.quants.quantize(rng.standard_normal((rows, n)).astype(np.float32) * 0.1,
-                                    GT[kind.upper()])
-    size, f16_at = {"q4_k": (144, (0, 2)), "q6_k": (210, (208,))}[kind]
-    raw = rng.integers(0, 256, (rows, n // 256, size), dtype=np.uint8)
-    for off in f16_at:
-        d = rng.uniform(0.001, 0.01, (rows, n // 256)).astype(np.float16)
-        raw[..., off:off + 2] = d[..., None].view(np.uint8).reshape(rows, n // 256, 2)
-    return raw.reshape(rows, -1)
 
 
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory):
-    rng = np.random.default_rng(7)
-    h, ffn, heads, kv, vocab, n_layers = 256, 512, 4, 2, 80, 2
-    path = str(tmp_path_factory.mktemp("blocks") / "tiny.gguf")
-    w = gguf.GGUFWriter(path, "llama")
-    for add, v in ((w.add_block_count, n_layers), (w.add_context_length, 64),
-                   (w.add_embedding_length, h), (w.add_feed_forward_length, ffn),
-                   (w.add_head_count, heads), (w.add_head_count_kv, kv),
-                   (w.add_vocab_size, vocab)):
-        add(v)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_freq_base(10000.0)
-    d = h // heads
-
-    def add(name, rows, n, kind):
-        w.add_tensor(name, _raw(kind, rows, n, rng), raw_dtype=GT[kind.upper()])
-
-    add("token_embd.weight", vocab, h, "q8_0")
-    w.add_tensor("output_norm.weight", (1 + 0.1 * rng.standard_normal(h)).astype(np.float32))
     kinds = {"attn_q": "q4_0", "attn_k": "q4_0", "attn_v": "q4_0", "attn_output": "q4_k",
              "ffn_gate": "q6_k", "ffn_up": "q6_k", "ffn_down": "q4_1"}  # q/k/v, gate/up fuse
-    for i in range(n_layers):
-        b = f"blk.{i}."
-        for n in ("attn_norm", "ffn_norm"):
-            w.add_tensor(b + n + ".weight", (1 + 0.1 * rng.standard_normal(h)).astype(np.float32))
-        shapes = {"attn_q": (heads * d, h), "attn_k": (kv * d, h), "attn_v": (kv * d, h),
-                  "attn_output": (h, heads * d), "ffn_gate": (ffn, h), "ffn_up": (ffn, h),
-                  "ffn_down": (h, ffn)}
-        for name, (rows, n) in shapes.items():
-            add(b + name + ".weight", rows, n, kinds[name])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    path = str(tmp_path_factory.mktemp("blocks") / "tiny.gguf")
+    return gguf_models.write_llama_gguf(path, kinds, "q8_0", np.random.default_rng(7),
+                                        vocab=80, amplitude=0.1, d_max=0.01)
 
 
 def _step(model, params, ids, plan):
@@ -138,7 +97,7 @@ def test_default_for_gguf_follows_the_measured_choice(monkeypatch, tiny_gguf):
 
     assert quant_rows.decide("block", "unused.so", measure_fn=None) == {"rows": 0,
                                                                         "default": False}
-    assert weight_quantization(EngineArgs(model=tiny_gguf, quantization="none"), resolved) is None
+    assert weight_quantization(EngineArgs(model=tiny_gguf, quantization="none"), resolved) == "none"
     assert weight_quantization(EngineArgs(model=tiny_gguf, quantization="gguf"), resolved) == "gguf"
     assert weight_quantization(EngineArgs(model=tiny_gguf, tensor_parallel_size=2),
                                resolved) is None

@@ -25,25 +25,13 @@ import pagedjax.models as models  # noqa: E402
 import pagedjax.models.loader  # noqa: E402
 from pagedjax.models import quant as Q  # noqa: E402
 from pagedjax.models.metadata import SeqChunk, build_metadata  # noqa: E402
+from tests.utils import gguf_models  # noqa: E402
 
 GT = gguf.GGMLQuantizationType
 TOL = 2e-4
 
 
-def _raw_blocks(kind: str, rows: int, n: int, rng) -> np.ndarray:
-    """Valid GGUF blocks u8[rows, bytes] of type ``kind`` for rows of ``n`` values."""
-    qtype = GT[kind.upper()]
-    if kind in ("q8_0", "q4_0", "q4_1"):
-        w = rng.standard_normal((rows, n)).astype(np.float32)
-        return gguf.quants.quantize(w, qtype)
-    size = {"q4_k": 144, "q6_k": 210}[kind]
-    raw = rng.integers(0, 256, (rows, n // 256, size), dtype=np.uint8)
-    d = rng.uniform(0.001, 0.05, (rows, n // 256, 2)).astype(np.float16).view(np.uint8)
-    if kind == "q4_k":
-        raw[..., 0:4] = d.reshape(rows, n // 256, 4)  # d, dmin
-    else:
-        raw[..., 208:210] = d.reshape(rows, n // 256, 4)[..., :2]
-    return raw.reshape(rows, -1)
+_raw_blocks = gguf_models.raw_blocks
 
 
 @pytest.mark.parametrize("kind", ["q8_0", "q4_0", "q4_1", "q4_k", "q6_k"])
@@ -107,7 +95,7 @@ def dequantized_reference(model, params) -> dict:
     out = {}
     done = set()
     for path, kind in model.quantized.items():
-        comps = {c: flat[path + (c,)] for c in Q.FORMATS[kind]}
+        comps = {c: flat[path + (c,)] for c in Q.formats(kind)}
         axis = 0 if path[-1] == "kernel" else -1
         out[path] = Q.dequantize(kind, comps, axis, jnp.float32)
         done.update(path + (c,) for c in comps)
@@ -182,38 +170,10 @@ def test_kquants_through_a_model(tmp_path):
     """A tiny Llama GGUF with Q4_K attention, Q6_K MLP and a Q4_0 embedding: kept
     quantized, the logits equal those of the same file dequantized at load."""
     rng = np.random.default_rng(4)
-    h, ffn, heads, kv, vocab, n_layers = 256, 512, 4, 2, 96, 2
-    w = gguf.GGUFWriter(str(tmp_path / "k.gguf"), "llama")
-    for add, v in ((w.add_block_count, n_layers), (w.add_context_length, 64),
-                   (w.add_embedding_length, h), (w.add_feed_forward_length, ffn),
-                   (w.add_head_count, heads), (w.add_head_count_kv, kv),
-                   (w.add_vocab_size, vocab)):
-        add(v)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_freq_base(10000.0)
-    d = h // heads
-
-    def add(name, rows, n, kind):
-        w.add_tensor(name, _raw_blocks(kind, rows, n, rng), raw_dtype=GT[kind.upper()])
-
-    add("token_embd.weight", vocab, h, "q4_0")
-    w.add_tensor("output_norm.weight", (1 + 0.1 * rng.standard_normal(h)).astype(np.float32))
-    for i in range(n_layers):
-        b = f"blk.{i}."
-        for n in ("attn_norm", "ffn_norm"):
-            w.add_tensor(b + n + ".weight", (1 + 0.1 * rng.standard_normal(h)).astype(np.float32))
-        add(b + "attn_q.weight", heads * d, h, "q4_k")
-        add(b + "attn_k.weight", kv * d, h, "q4_k")
-        add(b + "attn_v.weight", kv * d, h, "q4_k")
-        add(b + "attn_output.weight", h, heads * d, "q4_k")
-        add(b + "ffn_gate.weight", ffn, h, "q6_k")
-        add(b + "ffn_up.weight", ffn, h, "q6_k")
-        add(b + "ffn_down.weight", h, ffn, "q6_k")
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    path = str(tmp_path / "k.gguf")
+    kinds = dict.fromkeys(gguf_models.LAYER[:4], "q4_k") | dict.fromkeys(gguf_models.LAYER[4:],
+                                                                          "q6_k")
+    path = gguf_models.write_llama_gguf(str(tmp_path / "k.gguf"), kinds, "q4_0", rng)
+    vocab = 96
     m_f, p_f = models.load_model(path, dtype="float32")
     m_q, p_q = models.load_model(path, dtype="float32", quantization="gguf")
     assert set(m_q.quantized.values()) == {"q4_0", "q4_k", "q6_k"}

@@ -75,3 +75,41 @@ def test_matcher_failure_mid_generation_is_reported(compiler, smollm2_tokenizer)
     assert state.advance("s", ids) == "error"
     msg = state.error("s")
     assert "lexer" in msg and "\n" not in msg and len(msg) <= 303
+
+
+def test_a_tokenizer_the_grammar_library_cannot_read(tmp_path, caplog):
+    """A WordPiece-decoder tokenizer: the compiler alone says structured outputs are
+    unavailable (tried once), starts no compile workers, and every constrained spec
+    is a ValueError that says why; the offline engine's requests get the same."""
+    from transformers import AutoTokenizer
+
+    from tests.distributed.test_parallel import save_tiny_tokenizer
+
+    save_tiny_tokenizer(str(tmp_path), 64)
+    tok = AutoTokenizer.from_pretrained(str(tmp_path))
+    c = GrammarCompiler(tok, 64, [tok.eos_token_id])
+    why = c.unavailable
+    assert why is not None and "not available for this model" in why
+    with caplog.at_level("WARNING", logger="pagedjax.structured_output"):
+        assert c.use_sandbox(SandboxLimits(workers=1)) is None
+    assert c.sandbox is None and "not available for this model" in caplog.text
+    for spec in (StructuredOutputsParams(json_object=True), StructuredOutputsParams(regex="a+")):
+        with pytest.raises(ValueError, match="cannot read its tokenizer"):
+            c.compile(spec)
+    # an offline engine on that tokenizer: the same refusal, from the same compiler
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from pagedjax import LLM, SamplingParams
+
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                 num_hidden_layers=1, num_attention_heads=2,
+                                 num_key_value_heads=1, max_position_embeddings=64)
+                     ).save_pretrained(str(tmp_path))
+    llm = LLM(str(tmp_path), max_model_len=64, max_num_seqs=2, num_pages=16)
+    with pytest.raises(ValueError, match="cannot read its tokenizer"):
+        llm.generate(["w5 w6"], SamplingParams(
+            max_tokens=2, structured_outputs=StructuredOutputsParams(json_object=True)),
+            use_tqdm=False)
+    assert llm.generate(["w5 w6"], SamplingParams(max_tokens=2), use_tqdm=False)

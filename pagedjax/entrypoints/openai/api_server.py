@@ -114,7 +114,8 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
                    help="address to bind (default 127.0.0.1; use 0.0.0.0 to expose)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' on /v1, /metrics and the docs "
+                   help="require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on /v1, "
+                        "/metrics and the docs "
                         "(default: $PAGEDJAX_API_KEY or $VLLM_API_KEY; the environment keeps "
                         "the key out of the process list)")
     p.add_argument("--allowed-hosts", nargs="+", default=None, metavar="NAME",

@@ -19,6 +19,7 @@ from starlette.requests import ClientDisconnect
 from pagedjax.engine.async_llm import AsyncLLM, EngineDeadError, EngineStepError
 from pagedjax.entrypoints.openai import request_body as rb
 from pagedjax.entrypoints.openai import responses as R
+from pagedjax.entrypoints.openai.anthropic_errors import anthropic_error, is_messages_path
 from pagedjax.entrypoints.openai.chat_render import DEFAULT_TIME_LIMIT_S
 from pagedjax.entrypoints.openai.errors import OpenAIError
 from pagedjax.entrypoints.openai.gate import Gate, GateConfig, ServerState
@@ -86,8 +87,9 @@ def build_app(llm: AsyncLLM, config: AppConfig, state: Optional[ServerState] = N
     add_lora_routes(app, llm, loras, config.allow_lora_updates and engine.lora is not None,
                     config.lora_allowed_paths)
 
-    def error(e: OpenAIError) -> JSONResponse:
-        return JSONResponse(e.body(), status_code=e.status)
+    def error(e: OpenAIError, path: str = "") -> JSONResponse:
+        body = anthropic_error(e.body(), e.status) if is_messages_path(path) else e.body()
+        return JSONResponse(body, status_code=e.status)
 
     async def handle(request: Request, model_cls, method):
         try:
@@ -117,12 +119,13 @@ def build_app(llm: AsyncLLM, config: AppConfig, state: Optional[ServerState] = N
     @app.exception_handler(404)
     async def not_found(request, exc):  # unknown routes: OpenAI shape too
         return error(OpenAIError(f"no route {request.method} {request.url.path[:100]}", 404,
-                                 code="not_found"))
+                                 code="not_found"), request.url.path)
 
     @app.exception_handler(405)
     async def bad_method(request, exc):
         return error(OpenAIError(f"method {request.method} not allowed on "
-                                 f"{request.url.path[:100]}", 405, code="method_not_allowed"))
+                                 f"{request.url.path[:100]}", 405, code="method_not_allowed"),
+                     request.url.path)
 
     @app.get("/health", response_class=Response,
              responses={200: {"description": "The engine is running (empty body)."},
@@ -200,7 +203,8 @@ def build_app(llm: AsyncLLM, config: AppConfig, state: Optional[ServerState] = N
 
         app.add_middleware(CORSMiddleware, allow_origins=config.allowed_origins,
                            allow_methods=["GET", "POST", "OPTIONS"],
-                           allow_headers=["Authorization", "Content-Type"])
+                           allow_headers=["Authorization", "Content-Type", "x-api-key",
+                                          "anthropic-version"])
     return app
 
 

@@ -32,6 +32,13 @@ def generation_error(o):
                        code="generation_failed")
 
 
+def prompt_len(out, default: int) -> int:
+    """The prompt tokens the engine ran for a RequestOutput: its prompt with each
+    image expanded to its placeholder tokens (``default`` when it carries none)."""
+    ids = getattr(out, "prompt_token_ids", None)
+    return len(ids) if ids else default
+
+
 def usage(prompt_lens: list[int], num_completion_tokens: int) -> dict:
     p = sum(prompt_lens)
     return {"prompt_tokens": p, "completion_tokens": num_completion_tokens,

@@ -5,9 +5,10 @@ In order: while draining for shutdown every request gets 503 with
 bind the ``Host`` header must be a loopback name or one of ``--allowed-hosts``
 (stops DNS rebinding, as Jupyter does); with an API key, ``/v1``, ``/tokenize``,
 ``/detokenize``, ``/metrics``, ``/dashboard/events`` and the docs need
-``Authorization: Bearer <key>`` (constant-time comparison), ``/health`` never
-does (nor the browser pages themselves: they ask for the key). It also counts the requests in progress, so shutdown
-knows when the last one has ended.
+``Authorization: Bearer <key>`` or, as Anthropic clients send it, ``x-api-key: <key>``
+(constant-time comparison), ``/health`` never does (nor the browser pages themselves: they
+ask for the key). On the Messages routes its errors have Anthropic's shape. It also counts
+the requests in progress, so shutdown knows when the last one has ended.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Optional
 
+from pagedjax.entrypoints.openai.anthropic_errors import anthropic_error, is_messages_path
 from pagedjax.entrypoints.openai.errors import OpenAIError, short
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -58,8 +60,10 @@ class ServerState:
     notes: list = field(default_factory=list)
 
 
-async def send_error(send, e: OpenAIError, close: bool = False) -> None:
-    body = json.dumps(e.body()).encode()
+async def send_error(send, e: OpenAIError, close: bool = False, path: str = "") -> None:
+    """``e`` as a JSON response: OpenAI's shape, Anthropic's on the Messages routes."""
+    shaped = anthropic_error(e.body(), e.status) if is_messages_path(path) else e.body()
+    body = json.dumps(shaped).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if close:
         headers.append((b"connection", b"close"))
@@ -93,14 +97,21 @@ class Gate:
                 raise OpenAIError(f"Host {short(headers['host'])} is not allowed: this server is "
                                   "bound to a loopback address; add the name to --allowed-hosts "
                                   "to serve it.", 403, code="host_not_allowed")
-        if self._needs_key(scope.get("path", "")):
-            scheme, _, token = headers.get("authorization", "").partition(" ")
-            if "x-api-key" in headers and not token:  # Anthropic-style clients
-                scheme, token = "bearer", headers["x-api-key"]
-            if scheme.lower() != "bearer" or not hmac.compare_digest(
-                    token.strip().encode("utf-8", "replace"), self.config.api_key.encode()):
-                raise OpenAIError("Incorrect or missing API key: send 'Authorization: Bearer "
-                                  "<key>'.", 401, code="invalid_api_key")
+        if self._needs_key(scope.get("path", "")) and not self._key_ok(headers):
+            raise OpenAIError("Incorrect or missing API key: send 'Authorization: Bearer "
+                              "<key>' or 'x-api-key: <key>'.", 401, code="invalid_api_key")
+
+    def _key_ok(self, headers: dict) -> bool:
+        """The bearer token or the ``x-api-key`` header (Anthropic clients) is the key."""
+        key = self.config.api_key.encode()
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        tokens = [token] if scheme.lower() == "bearer" else []
+        if "x-api-key" in headers:
+            tokens.append(headers["x-api-key"])
+        ok = False
+        for t in tokens:  # compare every one: no early exit on a match
+            ok |= hmac.compare_digest(t.strip().encode("utf-8", "replace"), key)
+        return ok
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -108,11 +119,12 @@ class Gate:
         if self.state.draining:
             return await send_error(send, OpenAIError(
                 "the server is shutting down; retry on another replica.", 503,
-                type="server_error", code="service_unavailable"), close=True)
+                type="server_error", code="service_unavailable"), close=True,
+                path=scope.get("path", ""))
         try:
             self.check(scope)
         except OpenAIError as e:
-            return await send_error(send, e)
+            return await send_error(send, e, path=scope.get("path", ""))
         self.state.active += 1
         try:
             await self.app(scope, receive, send)

@@ -130,6 +130,6 @@ def image_parts(chat_messages, placeholder: Optional[str]) -> tuple[list, list[s
             iu = part.get("image_url")
             url = iu.get("url") if isinstance(iu, dict) else iu
             urls.append(url)
-            parts.append({"type": "text", "text": f"\n{placeholder}\n"})
+            parts.append({"type": "text", "text": placeholder})
         out.append(m.model_copy(update={"content": parts}))
     return out, urls

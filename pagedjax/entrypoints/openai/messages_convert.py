@@ -19,8 +19,6 @@ from pagedjax.entrypoints.openai.errors import OpenAIError, short
 from pagedjax.entrypoints.openai.protocol import ChatCompletionRequest
 from pagedjax.entrypoints.openai.protocol_messages import MessagesRequest
 
-PARAM_NAMES = {"max_tokens": "max_tokens", "tool_choice": "tool_choice", "stop": "stop_sequences"}
-
 
 def _block_text(block: Any, where: str) -> str:
     if not isinstance(block, dict) or block.get("type") != "text" or \

@@ -10,7 +10,8 @@ from fastapi.responses import JSONResponse
 
 from pagedjax.entrypoints.openai.protocol_messages import (AnthropicError, MessagesRequest,
                                                            MessagesResponse)
-from pagedjax.entrypoints.openai.serving_messages import MessagesServing, anthropic_error
+from pagedjax.entrypoints.openai.anthropic_errors import anthropic_error
+from pagedjax.entrypoints.openai.serving_messages import MessagesServing
 
 _SSE = {"text/event-stream": {"schema": {
     "type": "object", "required": ["data"],

@@ -8,7 +8,6 @@ processes (``structured_output/sandbox.py``); ``--timeout-*`` and
 from __future__ import annotations
 
 import argparse
-import logging
 
 from pagedjax.entrypoints.openai.slow_clients import (DEFAULT_BODY_TIMEOUT_S,
                                                       DEFAULT_HEADER_TIMEOUT_S,
@@ -57,17 +56,12 @@ def add_reliability_args(p: argparse.ArgumentParser) -> None:
 
 
 def sandbox_from_args(ns: argparse.Namespace, engine) -> None:
-    """Compile grammars in worker processes first (unless the pool size is 0)."""
+    """Compile grammars in worker processes first (unless the pool size is 0; a
+    tokenizer the grammar library cannot read is the grammar compiler's to report)."""
     if ns.structured_outputs_compile_workers < 0:
         raise ValueError("--structured-outputs-compile-workers must be >= 0, got "
                          f"{ns.structured_outputs_compile_workers}")
     if ns.structured_outputs_compile_workers == 0:
-        return
-    try:
-        engine.grammars.ll_tokenizer()
-    except ValueError as e:  # llguidance cannot read this tokenizer (e.g. WordPiece)
-        logging.getLogger("pagedjax.server").warning(
-            "structured outputs are unavailable with this tokenizer: %s", e)
         return
     engine.grammars.use_sandbox(SandboxLimits(
         timeout_s=ns.structured_outputs_compile_timeout,

@@ -60,8 +60,7 @@ class OpenAIServing:
         # Images (vision-language models): image_url parts, fetched under the media limits.
         self.mm_processor = getattr(engine, "mm_processor", None)
         self.image_placeholder = (None if self.mm_processor is None else
-                                  self.tokenizer.convert_ids_to_tokens(
-                                      self.mm_processor.image_token_id))
+                                  self.mm_processor.placeholder_text(self.tokenizer))
         self.media = MediaFetcher.from_args(getattr(engine, "args", None))
 
     # ------------------------------------------------------------------ helpers
@@ -368,6 +367,7 @@ class OpenAIServing:
                             "logprobs": lp, "finish_reason": tools.finish_reason(o.finish_reason),
                             "stop_reason": o.stop_reason})
         n_out = sum(len(o.token_ids) for o in final.outputs)
+        plen = fmt.prompt_len(final, plen)  # image placeholders count, as in vLLM
         return {**meta, "object": "chat.completion", "choices": choices,
                 "usage": fmt.usage([plen], n_out)}
 
@@ -405,6 +405,7 @@ class OpenAIServing:
                                                     "logprobs": None, "finish_reason": None}]})
             try:
                 async for _, out in job.outputs():
+                    plen = fmt.prompt_len(out, plen)  # image placeholders count, as in vLLM
                     for o in out.outputs:
                         n_tokens[o.index] = n_tokens.get(o.index, 0) + len(o.token_ids)
                         lp = (fmt.chat_logprobs(o.token_ids, o.logprobs or [], k, self._decode)

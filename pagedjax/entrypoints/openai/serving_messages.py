@@ -16,24 +16,10 @@ from typing import AsyncIterator, Optional
 
 from pydantic import ValidationError
 
+from pagedjax.entrypoints.openai.anthropic_errors import anthropic_error
 from pagedjax.entrypoints.openai.errors import OpenAIError
-from pagedjax.entrypoints.openai.messages_convert import (PARAM_NAMES, chat_request,
-                                                          message_body, stop_reason)
+from pagedjax.entrypoints.openai.messages_convert import chat_request, message_body, stop_reason
 from pagedjax.entrypoints.openai.protocol_messages import MessagesRequest
-
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
-               403: "permission_error", 404: "not_found_error", 413: "request_too_large",
-               415: "invalid_request_error", 429: "rate_limit_error", 500: "api_error",
-               503: "overloaded_error"}
-
-
-def anthropic_error(openai_body: dict, status: int) -> dict:
-    err = openai_body.get("error") or {}
-    msg = err.get("message", "error")
-    if err.get("param"):
-        msg = f"{PARAM_NAMES.get(err['param'], err['param'])}: {msg}"
-    return {"type": "error", "error": {"type": ERROR_TYPES.get(status, "api_error"),
-                                       "message": msg}}
 
 
 def _event(kind: str, body: dict) -> str:

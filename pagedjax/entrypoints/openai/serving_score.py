@@ -91,19 +91,19 @@ class ScoreServing:
         for p in ids:
             self.serving.check_prompt_length(len(p))
         prompts = [{"prompt_token_ids": p} for p in ids]
-        lps = {}
-        for tid in (sc.yes_id, sc.no_id):
-            job = Job(llm, random_id("score"), raw_request)
-            await job.start(prompts, sc.params(tid), watch_disconnect=True,
-                            lora_request=self.serving.lora_of(model))
-            try:
-                lps[tid] = {i: sc.logprob_of(out, tid) async for i, out in job.outputs()}
-            finally:
-                job.close()
-        if any(len(v) < len(ids) for v in lps.values()):
+        job = Job(llm, random_id("score"), raw_request)
+        await job.start(prompts, sc.params(), watch_disconnect=True,
+                        lora_request=self.serving.lora_of(model))
+        try:
+            finals = {i: out async for i, out in job.outputs()}
+        finally:
+            job.close()
+        if len(finals) < len(ids) or any(o.prompt_hidden_states is None
+                                         for o in finals.values()):
             raise OpenAIError("the request was aborted before it finished.", 500,
                               type="server_error")
-        scores = [sc.score(lps[sc.yes_id][i], lps[sc.no_id][i]) for i in range(len(ids))]
+        outs = [finals[i] for i in range(len(ids))]
+        scores = await llm.run_in_worker(sc.scores, outs, llm.engine.logits_of)
         return scores, sum(len(p) for p in ids)
 
     async def score(self, req: ScoreRequest, raw_request) -> dict:

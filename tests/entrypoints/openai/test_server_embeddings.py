@@ -32,7 +32,7 @@ def eserver(tmp_path_factory):
 
 
 def test_embeddings_match_transformers_mixed_with_chat(eserver):
-    from tests.entrypoints.test_llm_embed import hf_embed
+    from tests.utils.qwen3_tiny import hf_embed
 
     client = eserver.client()
     chats = []

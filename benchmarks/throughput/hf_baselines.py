@@ -1,4 +1,11 @@
-"""The transformers baselines of pagedjax/benchmarks/throughput.py, each run in its own process.
+"""The transformers baselines of ``pagedjax bench throughput``, each run in its own process.
+
+    python benchmarks/throughput/hf_baselines.py --system hf_static \
+        --worker-in workload.json --worker-out result.json [--model M ...]
+
+``pagedjax bench throughput`` (pagedjax/benchmarks/throughput.py) starts this
+script from a checkout (or ``--hf-baselines PATH``); it lives in the repository,
+not in the installed package, which holds no torch code.
 
 * **HF static**: transformers ``generate`` on static batches of 16 requests in
   arrival order, left padded, each batch running until its longest member is
@@ -15,16 +22,19 @@ float32 and cached under ``~/.cache/pagedjax/hf_from_gguf``).
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 
+from pagedjax.benchmarks.workload import HF_STATIC_BATCH
 from pagedjax.benchmarks.workload import summary as _summary
 
-HF_STATIC_BATCH = 16
+SYSTEMS = ("hf_static", "hf_continuous")
 
 
 def _model_files(model: str | None) -> tuple[str, str | None]:
@@ -212,3 +222,50 @@ def run_hf_continuous(model, reqs, max_num_seqs: int, max_batch_tokens: int) -> 
                    attn_implementation=getattr(model.config, "_attn_implementation", None))
     res["_tokens"] = tokens
     return res
+
+
+def run_system(name: str, reqs, ns) -> dict:
+    """One baseline on the workload (in this process) -> result dict with "_tokens"."""
+    import torch
+
+    t = time.perf_counter()
+    model, source = load_hf_model(ns.model, use_cache=not ns.no_hf_cache)
+    info = {"source": source, "dtype": "float32", "load_s": time.perf_counter() - t,
+            "torch_threads": torch.get_num_threads()}
+    try:
+        if name == "hf_static":
+            res = run_hf_static(model, reqs, ns.hf_batch_size)
+        else:
+            res = run_hf_continuous(model, reqs, ns.max_num_seqs, ns.max_num_batched_tokens)
+    except Exception as e:  # noqa: BLE001 - a baseline that cannot run is a result too
+        res = {"system": name, "error": f"{type(e).__name__}: {e}"}
+    res["hf_model"] = info
+    return res
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--system", choices=SYSTEMS, required=True)
+    p.add_argument("--worker-in", required=True, help="the workload (JSON: vocab, reqs)")
+    p.add_argument("--worker-out", required=True, help="where the result JSON goes")
+    p.add_argument("--model", default=None, help="default model, HF folder or .gguf")
+    p.add_argument("--hf-batch-size", type=int, default=HF_STATIC_BATCH)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--no-hf-cache", action="store_true",
+                   help="do not cache the dequantised transformers model")
+    ns = p.parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    with open(ns.worker_in) as f:
+        wl = json.load(f)
+    reqs = [(list(q), int(o)) for q, o in wl["reqs"]]
+    out = run_system(ns.system, reqs, ns)
+    out["pid"] = os.getpid()
+    with open(ns.worker_out, "w") as f:
+        json.dump(out, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

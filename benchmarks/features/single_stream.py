@@ -1,0 +1,165 @@
+"""One stream's decode speed: pagedjax (float32 weights, GGUF blocks) vs llama.cpp's server.
+
+    python benchmarks/features/single_stream.py --llama-server PATH/llama-server
+    python benchmarks/features/single_stream.py --llama-server ... --rounds 3 --tokens 128
+
+Every mode runs in a fresh process of its own, the modes' order reversed in
+every other round, on the same GGUF file (default: the default model) and
+the same prompt, one request of ``--tokens`` greedy tokens, EOS ignored:
+
+* ``none`` / ``gguf``: ``LLM(model, quantization=mode)`` (float32 weights
+  dequantized at load / the file's blocks through the C++ block kernel);
+  decode tok/s = (tokens - 1) / (time of the request - time of the same
+  request with one token), best of 3 after a warm-up that compiles every
+  bucket on the way;
+* ``llama.cpp:N``: ``llama-server -t N -np 1`` on the same file (N threads;
+  ``llama.cpp`` alone: ``--threads``), its ``/completion`` answer's own
+  ``timings.predicted_per_second`` (prompt cache off), best of 3 after a
+  warm-up request.
+
+Weight memory: the engine's ``weight_bytes`` for pagedjax; for llama.cpp the
+GGUF file's tensor bytes (it maps the file's blocks as its weights). Prints a table per round and writes
+JSON (default benchmarks/results/single_stream.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEFAULT_JSON = os.path.join(ROOT, "benchmarks", "results", "single_stream.json")
+PROMPT = "Tell me a long story about a lighthouse keeper and the sea."
+
+
+def _pagedjax_child(model: str | None, mode: str, tokens: int) -> dict:
+    from pagedjax import LLM, SamplingParams
+
+    llm = LLM(model, quantization=mode, max_num_seqs=4, max_model_len=512, cpu_kv_cache_gib=0.25)
+
+    def gen(n):
+        sp = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+        t = time.perf_counter()
+        out = llm.generate([PROMPT], sp, use_tqdm=False)
+        return time.perf_counter() - t, out[0]
+    gen(tokens), gen(1)  # compile every bucket on the way
+    t_full = min(gen(tokens)[0] for _ in range(3))
+    t_one = min(gen(1)[0] for _ in range(3))
+    out = gen(tokens)[1]
+    eng = llm.llm_engine
+    return {"mode": mode, "weight_bytes": int(eng.weight_bytes),
+            "block_matmul_rows": eng.runner.plan.block_matmul_rows,
+            "prompt_tokens": len(out.prompt_token_ids),
+            "decode_tok_s": (tokens - 1) / max(t_full - t_one, 1e-9)}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, body: dict, timeout: float = 600) -> dict:
+    req = urllib.request.Request(url, json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def _llama_cpp(server: str, gguf: str, tokens: int, threads: int) -> dict:
+    port = _free_port()
+    proc = subprocess.Popen([server, "-m", gguf, "--port", str(port), "-t", str(threads),
+                             "-np", "1", "-c", "1024", "--no-webui"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(600):
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            raise SystemExit("llama-server did not start")
+        body = {"prompt": PROMPT, "n_predict": tokens, "temperature": 0.0, "top_k": 1,
+                "ignore_eos": True, "cache_prompt": False}
+        _post(url + "/completion", body)  # warm-up
+        runs = [_post(url + "/completion", body)["timings"] for _ in range(3)]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    from pagedjax.models.loader import gguf_reader
+
+    best = max(runs, key=lambda t: t["predicted_per_second"])
+    return {"mode": f"llama.cpp:{threads}", "weight_bytes": sum(
+                int(t.n_bytes) for t in gguf_reader(gguf).tensors),
+            "prompt_tokens": best["prompt_n"], "predicted_n": best["predicted_n"],
+            "decode_tok_s": best["predicted_per_second"]}
+
+
+def _run(mode: str, ns) -> dict:
+    if mode.startswith("llama.cpp"):
+        threads = int(mode.split(":")[1]) if ":" in mode else ns.threads
+        return _llama_cpp(ns.llama_server, ns.gguf, ns.tokens, threads)
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", mode, "--tokens", str(ns.tokens)]
+    if ns.model:
+        cmd += ["--model", ns.model]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT")]
+    if r.returncode or not line:
+        raise SystemExit(f"{mode} failed:\n{r.stderr[-3000:]}")
+    return json.loads(line[0][len("RESULT"):])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=None, help="GGUF file (default: the default model)")
+    ap.add_argument("--modes", default="none,gguf,llama.cpp")
+    # e.g. none,gguf,llama.cpp:1,llama.cpp:2
+    ap.add_argument("--llama-server", default=None)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--json", default=DEFAULT_JSON)
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ns = ap.parse_args(argv)
+    if ns.child:
+        sys.path.insert(0, ROOT)
+        print("RESULT" + json.dumps(_pagedjax_child(ns.model, ns.child, ns.tokens)))
+        return 0
+    from pagedjax.models import resolve_model
+
+    resolved = resolve_model(ns.model)
+    ns.gguf = os.path.join(resolved.path, resolved.gguf_file)
+    modes = ns.modes.split(",")
+    if any(m.startswith("llama.cpp") for m in modes) and not ns.llama_server:
+        raise SystemExit("--llama-server: the llama-server binary is needed for llama.cpp")
+    os.makedirs(os.path.join(ROOT, "benchmarks", "results"), exist_ok=True)
+    rounds = []
+    for i in range(ns.rounds):
+        res = {m: _run(m, ns) for m in (modes if i % 2 == 0 else modes[::-1])}
+        rounds.append(res)
+        print(f"round {i + 1} (order: {', '.join(res)})")
+        print("  mode        weights MiB  decode tok/s  prompt tokens")
+        for m, r in res.items():
+            print(f"  {m:<10} {r['weight_bytes'] / 2**20:>12.1f} {r['decode_tok_s']:>13.1f}"
+                  f" {r['prompt_tokens']:>14}")
+        sys.stdout.flush()
+    report = {"benchmark": "single_stream", "args": {k: v for k, v in vars(ns).items()},
+              "date": time.strftime("%Y-%m-%d"), "machine": os.uname().nodename,
+              "cpus": os.cpu_count(), "load_avg": os.getloadavg(), "rounds": rounds}
+    with open(ns.json, "w") as f:
+        json.dump(report, f, indent=1)
+    print(f"wrote {ns.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
