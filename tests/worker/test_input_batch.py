@@ -145,6 +145,50 @@ def test_scheduler_rows_drive_the_batch_through_preemption_prefix_caching_and_fo
     assert forks_seen >= 4
 
 
+def test_hybrid_kv_groups_keep_one_table_each_with_the_window_nulled():
+    """Hybrid KV groups (one full, two sliding-window groups): each group's table
+    row follows that group's explicit page changes; pages a sliding group gave
+    back read as the null page 0, through preemption, prefix hits and forks."""
+    from pagedjax.core.kv_groups import plan_layout
+
+    rng = random.Random(2)
+    sched = Scheduler(num_pages=40, page_size=4, max_num_seqs=6, max_num_batched_tokens=16,
+                      max_model_len=64, enable_prefix_caching=True,
+                      kv_layout=plan_layout([None, 8, 8]))
+    groups = len(sched.groups.windows)
+    batch = InputBatch(page_width=16, capacity=2, num_groups=groups)
+    shared = list(range(100, 112))
+    for i in range(8):
+        n = 2 if i % 4 == 0 else 1
+        params = SamplingParams(max_tokens=rng.randint(8, 30), n=n, ignore_eos=True)
+        sched.add_request(Request(f"r{i}", shared + [i] * rng.randint(1, 6), params))
+    nulls = 0
+    for _ in range(400):
+        out = sched.schedule()
+        if out.is_empty and not sched.has_unfinished_requests():
+            break
+        for r in out.rows:
+            if r.request_id not in batch:
+                req = sched.get_request(r.request_id)
+                add(batch, r.request_id, prompt=req.prompt_token_ids,
+                    outputs=req.output_token_ids)
+        idx = batch.rows_of([r.request_id for r in out.rows])
+        batch.apply_page_changes(out.rows, idx)
+        for i, r in enumerate(out.rows):
+            for g, table in enumerate(batch.page_tables):
+                want = r.page_ids if g == 0 else r.group_page_ids[g - 1]
+                n = int(table.num_pages[idx[i]])
+                assert table.table[idx[i], :n].tolist() == list(want), (r.request_id, g)
+                nulls += want.count(0)
+        sampled = {r.request_id: [rng.randint(0, 50) for _ in range(r.num_samples)]
+                   for r in out.rows if r.num_samples}
+        for req in sched.update(out, sampled):
+            if req.is_finished:
+                batch.remove(req.request_id)
+    assert not sched.has_unfinished_requests() and sched.num_preemptions > 0
+    assert nulls > 0  # the sliding groups gave pages back
+
+
 def test_sampling_columns_equal_the_row_by_row_build():
     """Static columns gathered from the batch (any row order), seed counters, the
     rows that need their full state (penalties, min_tokens bans, bad words, grammar
