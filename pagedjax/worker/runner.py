@@ -366,24 +366,9 @@ class Runner:
 
     def fetch(self, launched: Launched) -> StepResult:
         """Wait for a launched step; its sampled tokens and logprobs as numpy."""
-        out, plp, hidden = jax.device_get((launched.sampled, launched.plp, launched.hidden))
+        fetched = jax.device_get((launched.sampled, launched.plp, launched.hidden))
         self.step_times.append(time.perf_counter() - launched.t0)
-        prompt_out = {}
-        if plp is not None:
-            cu = launched.cu_q_lens
-            for i, rid in enumerate(launched.row_ids):
-                if rid in launched.prompt_lp:
-                    a, b = int(cu[i]), int(cu[i + 1])
-                    prompt_out[rid] = tuple(np.asarray(x)[a:b] for x in plp)
-        pooled = {}
-        if hidden is not None:
-            cu = launched.cu_q_lens
-            for i, rid in enumerate(launched.row_ids):
-                if rid in launched.pool_rows:
-                    pooled[rid] = np.asarray(hidden)[int(cu[i]):int(cu[i + 1])]
-        return StepResult(np.asarray(out.token_ids), np.asarray(out.logprob), np.asarray(out.rank),
-                          np.asarray(out.topk_ids), np.asarray(out.topk_logprobs), prompt_out,
-                          pooled)
+        return StepResult.of(launched, *fetched)
 
     def execute(self, rows, sample_rows: Sequence[SampleRow], prompt_lp: dict[str, int] | None = None,
                 prompt_tokens: dict[str, list[int]] | None = None) -> StepResult:

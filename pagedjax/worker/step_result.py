@@ -26,6 +26,21 @@ class StepResult:
     # request_id -> f32[chunk tokens, H]: final hidden states (SamplingParams.prompt_hidden_states)
     prompt_hidden: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
+    @classmethod
+    def of(cls, launched: "Launched", out, plp, hidden) -> "StepResult":
+        """The result of ``launched`` from its fetched sampler output, prompt logprob
+        arrays and hidden states (each row's own chunk of the last two)."""
+        cu = launched.cu_q_lens
+        prompt_out, pooled = {}, {}
+        for i, rid in enumerate(launched.row_ids):
+            a, b = int(cu[i]), int(cu[i + 1])
+            if plp is not None and rid in launched.prompt_lp:
+                prompt_out[rid] = tuple(np.asarray(x)[a:b] for x in plp)
+            if hidden is not None and rid in launched.pool_rows:
+                pooled[rid] = np.asarray(hidden)[a:b]
+        return cls(np.asarray(out.token_ids), np.asarray(out.logprob), np.asarray(out.rank),
+                   np.asarray(out.topk_ids), np.asarray(out.topk_logprobs), prompt_out, pooled)
+
 
 @dataclasses.dataclass
 class Launched:
