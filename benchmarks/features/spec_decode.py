@@ -184,7 +184,7 @@ def _drive(engine, reqs, tag: str):
 
 def child(ns) -> dict:
     from pagedjax import LLM
-    from pagedjax.worker.runner import CompileCounter
+    from pagedjax.worker.plan import CompileCounter
 
     spec = _spec_config(ns, ns.method, ns.draft_folder)
     t = time.perf_counter()

@@ -65,15 +65,18 @@ def instrument_phases(engine, patches: Patches) -> dict:
     from pagedjax.sample import sampler
 
     totals: dict[str, float] = {}
+    batch = getattr(engine.runner, "input_batch", None)  # the persistent batch, if any
     targets = [("schedule", engine.scheduler, "schedule"), ("prepare", engine.runner, "prepare"),
+               ("prepare", engine.runner, "prepare_step"),
                ("sampling_tensors", sampler, "build_sampling_tensors"),
+               ("sampling_tensors", batch, "sampling_tensors"),
                ("update", engine.scheduler, "update"),
                ("process", getattr(engine, "processor", None), "process")]
     for key, obj, name in targets:
         fn = getattr(obj, name, None) if obj is not None else None
         if fn is None:
             continue
-        totals[key] = 0.0
+        totals.setdefault(key, 0.0)
 
         def timed(*a, _fn=fn, _key=key, **kw):
             t0 = time.perf_counter()

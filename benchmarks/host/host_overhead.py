@@ -288,12 +288,15 @@ def _ms(x) -> str:
 
 def run_child(spec: dict, code: str = ROOT) -> dict:
     """One measurement in a fresh process (JAX and thread pools start clean), running
-    the pagedjax of checkout ``code``."""
+    the pagedjax of checkout ``code`` (with the checkout's own ``.venv`` when it has one:
+    an editable install maps ``pagedjax.models`` to its own checkout)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = code
     if spec.get("split"):
         env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + SPLIT_XLA_FLAGS).strip()
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
+    python = os.path.join(code, ".venv", "bin", "python")
+    python = python if os.path.exists(python) else sys.executable
+    proc = subprocess.run([python, os.path.abspath(__file__), "--child", json.dumps(spec)],
                           capture_output=True, text=True, env=env, timeout=3600)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode or not lines:

@@ -82,7 +82,7 @@ def child(max_tokens: int, workers: int | None, model: str | None, max_num_seqs:
         import jax  # noqa: F401
 
         import pagedjax  # noqa: F401
-        from pagedjax.worker.runner import CompileCounter
+        from pagedjax.worker.plan import CompileCounter
 
         CompileCounter.install()
         ph.compiles = lambda: CompileCounter.count

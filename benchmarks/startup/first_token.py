@@ -56,7 +56,7 @@ CHILD = """
 import json, sys, time
 t0 = time.time()
 from pagedjax import LLM, SamplingParams
-from pagedjax.worker.runner import CompileCounter
+from pagedjax.worker.plan import CompileCounter
 CompileCounter.install()
 t1 = time.time()
 llm = LLM(**json.loads(sys.argv[1]))

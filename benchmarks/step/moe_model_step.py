@@ -16,7 +16,7 @@ Two pagedjax models built from configs with random weights (std 0.02), float32:
 For each row count R it times the model part of a decode step as the runner runs it
 (``model.forward`` + logits of the R rows, KV pool donated), R sequences of
 ``--context`` tokens each on their own pages, the engine's execution plan for the
-CPU (``worker.runner.make_plan``: the C++ attention and few-row matmuls where this
+CPU (``worker.plan.make_plan``: the C++ attention and few-row matmuls where this
 machine measured them faster). Each variant is called ``--repeat`` times round-robin
 with the other and its fastest call reported. Prints a table and writes JSON.
 """
@@ -87,7 +87,7 @@ def step_fn(model, plan):
 
 def run(ns) -> list[dict]:
     from pagedjax.kernels_pallas import resolve_backend
-    from pagedjax.worker.runner import make_plan
+    from pagedjax.worker.plan import make_plan
 
     plan = make_plan(resolve_backend("auto"))
     built = {name: build(cfg, seed) for (name, cfg), seed in zip(

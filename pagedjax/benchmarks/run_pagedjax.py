@@ -82,7 +82,7 @@ def quantization_arg(ns) -> str | None:
 
 def run_pagedjax(reqs, ns) -> tuple[dict, object]:
     from pagedjax import LLM, SamplingParams
-    from pagedjax.worker.runner import CompileCounter
+    from pagedjax.worker.plan import CompileCounter
 
     max_len = max(len(p) + o for p, o in reqs)
     mml = ns.max_model_len or max(128, -(-(max_len + 1) // 16) * 16)

@@ -22,8 +22,11 @@ longest h that every group can serve wins; each group's pages are cached under
 its own key (``PagePool(group=)``), so the same tokens in two groups are two
 pages.
 
-Every table change other than growth at the end gives the request a new list
-(the page-list contract of ``scheduler_output.py``).
+Every table change other than growth at the end lowers the table's count of
+pages sent (``Request.num_pages_sent`` for group 0, ``group_pages_sent`` for the
+others) to the first entry it changed, so the next row carries the table from
+there (the page-change contract of ``scheduler_output.py``); giving pages back
+is a change from the first page given back.
 """
 
 from __future__ import annotations
@@ -55,6 +58,26 @@ class GroupPages:
 
     def _assign(self, req: Request, tables: list[list[int]]) -> None:
         req.page_ids, req.group_pages = tables[0], tables[1:]
+        req.num_pages_sent = 0
+        req.group_pages_sent = [0] * (len(tables) - 1)
+
+    @staticmethod
+    def _changed(req: Request, g: int, j: int) -> None:
+        """Group g's table changed from entry j on: it goes out again from there."""
+        if g == 0:
+            req.num_pages_sent = min(req.num_pages_sent, j)
+        else:
+            req.group_pages_sent[g - 1] = min(req.group_pages_sent[g - 1], j)
+
+    def changes(self, req: Request) -> tuple[list[int], list]:
+        """Groups 1..: each table's first entry unchanged since the request's latest
+        row and its entries from there (``ScheduledRow.group_page_starts`` and
+        ``group_new_page_ids``); marks them sent."""
+        starts, news = list(req.group_pages_sent), []
+        for g, t in enumerate(req.group_pages):
+            news.append(t[starts[g]:] if starts[g] < len(t) else ())
+            req.group_pages_sent[g] = len(t)
+        return starts, news
 
     def pages_per_seq(self, num_tokens: int) -> int:
         return self.layout.pages_per_seq(num_tokens, self.page_size, self.chunk)
@@ -67,9 +90,9 @@ class GroupPages:
     def decode_ready(self, req: Request, j: int) -> bool:
         """Every other group has page j, private to the request (group 0 checked by the
         caller) and nothing to give back: the row needs no pool work."""
-        refs = self.pool.ref_counts
-        for g, t in enumerate(req.group_pages, 1):
-            if j >= len(t) or refs[t[j]] > 1:
+        refs, sent = self.pool.ref_counts, req.group_pages_sent
+        for g, t in enumerate(req.group_pages):
+            if j >= len(t) or refs[t[j]] > 1 or sent[g] != len(t):
                 return False
         return True
 
@@ -89,6 +112,7 @@ class GroupPages:
             if self.pool.enable_prefix_caching:
                 self.register(req)  # keep them as cached content
             self.pool.free(drop)
+            self._changed(req, g, t.index(drop[0]))
             self._set(req, g, [NULL_PAGE] * min(cut, len(t)) + t[cut:])
 
     def reserve(self, req: Request, num_new: int) -> list[tuple[int, int]] | None:
@@ -114,6 +138,7 @@ class GroupPages:
         for g, j in shared:
             dst, src = pool.make_writable(tables[g], j)
             cow.append((src, dst))
+            self._changed(req, g, j)
         for t in tables:
             n = cdiv(end, ps) - len(t)
             if n > 0:
@@ -122,8 +147,7 @@ class GroupPages:
 
     def free(self, req: Request) -> None:
         self.pool.free([p for t in self.tables(req) for p in t if p != NULL_PAGE])
-        req.page_ids = []
-        req.group_pages = [[] for _ in range(self.num_groups - 1)]
+        self._assign(req, [[] for _ in range(self.num_groups)])
 
     def truncate(self, req: Request, keep: int) -> None:
         """Keep the first ``keep`` entries of every table (a rolled-back speculation)."""
@@ -131,6 +155,7 @@ class GroupPages:
             if len(t) > keep:
                 self.pool.free([p for p in t[keep:] if p != NULL_PAGE])
                 self._set(req, g, t[:keep])
+                self._changed(req, g, keep)
 
     def fork(self, parent: Request, child: Request, num_pages: int | None = None) -> None:
         """The child shares the parent's first ``num_pages`` entries of each table."""

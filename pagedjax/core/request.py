@@ -38,7 +38,10 @@ Fields the scheduler and the page pool keep on a request:
     block_hashes          prefix-cache hashes of full token blocks (content
                           only, so they survive preemption and forks)
     num_registered_pages  how many leading pages were offered to the cache
+    num_pages_sent        leading pages of page_ids unchanged since its latest
+                          row (the rest go out in the next row's new_page_ids)
     group_pages           the page tables of KV groups 1.. (hybrid models)
+    group_pages_sent      per group 1..: as num_pages_sent for its table
     first_scheduled       set on first admission (num_cached_tokens is
                           recorded then, not again after a preemption)
     max_num_tokens        prompt + outputs at which it finishes with 'length'
@@ -107,8 +110,10 @@ class Request:
                  "output_token_ids", "num_computed_tokens", "status", "page_ids",
                  "finish_reason", "stop_reason", "num_preemptions", "num_cached_tokens",
                  "parent_id", "sample_index", "block_hashes", "num_registered_pages",
+                 "num_pages_sent",
                  "first_scheduled", "num_pending", "spec_token_ids", "waiting_seq",
                  "max_num_tokens", "_finishers", "mm_items", "prefill_only", "group_pages",
+                 "group_pages_sent",
                  "mrope")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: Any,
@@ -149,6 +154,7 @@ class Request:
         # Page tables of KV groups 1.. of a hybrid model (core/group_pages.py); group 0's
         # is page_ids.
         self.group_pages: list[list[int]] = []
+        self.group_pages_sent: list[int] = []
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.num_preemptions = 0
@@ -157,6 +163,7 @@ class Request:
         self.sample_index = 0
         self.block_hashes: list[int] = []
         self.num_registered_pages = 0
+        self.num_pages_sent = 0
         self.first_scheduled = False
         self.num_pending = 0  # sampled tokens scheduled but not yet known (placeholders)
         # Speculative decoding: tokens proposed for the next step (serial steps only),

@@ -52,6 +52,9 @@ from pagedjax.core.scheduler_output import ScheduledRow, SchedulerOutput
 from pagedjax.core.waiting_queue import WaitingQueue
 from pagedjax.utils import cdiv
 
+# A row's new_page_ids when its sequence's page list did not change.
+NO_NEW_PAGES: tuple = ()
+
 __all__ = ["ScheduledRow", "Scheduler", "SchedulerOutput"]
 
 
@@ -189,6 +192,7 @@ class Scheduler:
             return
         self.pool.free(req.page_ids)
         req.page_ids = []
+        req.num_pages_sent = 0
 
     # ---- schedule ----------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -225,15 +229,19 @@ class Scheduler:
             if with_pending - start == 1 and not spec and req.n == 1 and not req.prefill_only:
                 table = req.page_ids
                 j = start // ps
-                if j < len(table) and refs[table[j]] <= 1 and (
+                sent = req.num_pages_sent
+                if j < len(table) and refs[table[j]] <= 1 and sent == len(table) and (
                         groups is None or groups.decode_ready(req, j)):
                     # The common decode row: its last token (a placeholder while one is
-                    # in flight) into a page of its own, nothing from the pool (this loop
-                    # runs per row per step: _reserve's first case, _make_row and
-                    # Request.token_at are inlined here for it).
+                    # in flight) into a page of its own, nothing from the pool, its page
+                    # list unchanged (this loop runs per row per step: _reserve's first
+                    # case, _make_row and Request.token_at are inlined here for it).
                     rows[req.request_id] = ScheduledRow(
                         req.request_id, [-1 if pending else outs[-1] if outs else prompt[-1]],
-                        start, table, 1, 0, req.group_pages if groups is not None else None)
+                        start, table, 1, 0, sent, NO_NEW_PAGES,
+                        *(() if groups is None else
+                          (req.group_pages, tuple(req.group_pages_sent),
+                           (NO_NEW_PAGES,) * len(req.group_pages))))
                     req.num_computed_tokens = start + 1
                     req.num_pending = pending + 1
                     budget -= 1
@@ -309,6 +317,7 @@ class Scheduler:
                     hits = self.pool.lookup(req.all_token_ids, req.cache_salt,
                                             block_hashes=req.block_hashes)
                 req.page_ids = hits + self.pool.allocate(need)
+                req.num_pages_sent = 0
             req.num_computed_tokens = computed
             req.num_registered_pages = len(hits)
             if not req.first_scheduled:
@@ -355,8 +364,8 @@ class Scheduler:
         if need + len(shared) > pool.num_allocatable:
             return None
         cow = []
-        if shared:  # an in-place edit: the request gets a new list (scheduler_output.py)
-            table = req.page_ids = list(table)
+        if shared:  # pages from the first shared one on go out again (scheduler_output.py)
+            req.num_pages_sent = min(req.num_pages_sent, shared[0])
         for j in shared:
             dst, src = pool.make_writable(table, j)
             cow.append((src, dst))
@@ -405,14 +414,19 @@ class Scheduler:
             spec = ()
         if start + num_new >= with_pending and not req.prefill_only:
             samples = req.n if req.n > 1 and self._samples_n(req) else 1
-        group_pages = req.group_pages if self.groups is not None else None
+        table, sent = req.page_ids, req.num_pages_sent
+        new_pages = table[sent:] if sent < len(table) else NO_NEW_PAGES
+        req.num_pages_sent = len(table)
+        groups = ()
+        if self.groups is not None:
+            groups = (req.group_pages, *self.groups.changes(req))
         if num_new == 1 and not spec:  # a decode row (a new or shared page, or n > 1)
-            row = ScheduledRow(req.request_id, [req.token_at(start)], start, req.page_ids,
-                               samples, 0, group_pages)
+            row = ScheduledRow(req.request_id, [req.token_at(start)], start, table,
+                               samples, 0, sent, new_pages, *groups)
         else:
             tokens = req.get_token_ids(start, start + num_new - len(spec)) + list(spec)
-            row = ScheduledRow(req.request_id, tokens, start, req.page_ids, samples,
-                               len(spec), group_pages)
+            row = ScheduledRow(req.request_id, tokens, start, table, samples,
+                               len(spec), sent, new_pages, *groups)
         req.num_computed_tokens = start + num_new
         if samples:
             req.num_pending += 1
@@ -545,7 +559,8 @@ class Scheduler:
                 self.groups.truncate(req, keep)
             elif len(req.page_ids) > keep:
                 self.pool.free(req.page_ids[keep:])
-                req.page_ids = req.page_ids[:keep]  # a new list (scheduler_output.py)
+                del req.page_ids[keep:]
+                req.num_pages_sent = min(req.num_pages_sent, keep)
         changed.append(req)
 
     def _register(self, req: Request) -> None:

@@ -24,43 +24,54 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import operator
 import time
 from typing import Any, Sequence
 
 from pagedjax.engine.core_output import CoreOutput, SeqUpdate
 from pagedjax.core.request import Request
-from pagedjax.worker.inputs import SampleRow
 from pagedjax.worker.runner import Launched, Runner
-from pagedjax.engine.sequences import RequestSampling, Sequences
-from pagedjax.sample.metadata import RowState
+from pagedjax.engine.sequences import PARAMS_SEED_MODULUS, RequestSampling, Sequences
 from pagedjax.core.scheduler import Scheduler, SchedulerOutput
 
 logger = logging.getLogger("pagedjax.engine.core")
+
+_request_id = operator.attrgetter("request_id")
+_num_samples = operator.attrgetter("num_samples")
+
+
+@dataclasses.dataclass
+class _StepPlan:
+    """What the core tells the runner about a step's rows beyond the scheduler's
+    output. The sampling rows: each sampling row's first sample (``first_ids``:
+    their sequences, in row order), then n > 1 forks' other samples."""
+
+    first_ids: list[str]
+    forks: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (row, sample index)
+    extra_targets: list[tuple[str, int]] = dataclasses.field(default_factory=list)  # (seq, index)
+    grammar_bits: dict[int, Any] = dataclasses.field(default_factory=dict)  # sampling row -> mask
+    deferred: list[tuple[int, str]] = dataclasses.field(default_factory=list)  # (sampling row, seq)
+    prompt_lp: dict[str, int] = dataclasses.field(default_factory=dict)
+    prompt_starts: dict[str, int] = dataclasses.field(default_factory=dict)
+    pool_rows: set[str] = dataclasses.field(default_factory=set)  # prompt hidden states wanted
 
 
 @dataclasses.dataclass
 class _InFlight:
     sched: SchedulerOutput
     launched: Launched
-    # The sampling rows: each row's first sample (``token_src``: seq id -> its row,
-    # rows 0..len-1), then n > 1 forks' extra samples, (seq id, sample index) each.
-    token_src: dict[str, int]
-    extra_targets: list[tuple[str, int]]
-    prompt_starts: dict[str, int]
-    sample_rows: list[SampleRow] | None = None  # kept while the sampler waits (deferred)
-    deferred: list[tuple[int, str, int]] | None = None  # (sampling row, seq id, index)
+    plan: _StepPlan
 
 
 class EngineCore:
     """Scheduler + runner; sequences in, token deltas out."""
 
     def __init__(self, scheduler: Scheduler, runner: Runner, eos_token_ids: Sequence[int],
-                 async_scheduling: bool = True, lora_slot=None, speculator: Any = None,
+                 async_scheduling: bool = True, speculator: Any = None,
                  encoder_cache: Any = None):
         self.scheduler = scheduler
         # Vision-language models: the image encoder outputs (worker/encoder_cache.py).
         self.encoder_cache = encoder_cache
-        self.lora_slot = lora_slot  # lora_int_id -> device slot (LoRAManager.slot_of), or None
         self.runner = runner
         # Speculative decoding (spec_decode.Speculator): proposals before scheduling,
         # verification in the step; its steps run serially (accepted counts are
@@ -68,7 +79,8 @@ class EngineCore:
         self.speculator = speculator
         self.eos_token_ids = tuple(eos_token_ids)
         self.async_scheduling = async_scheduling
-        self.seqs = Sequences()  # per sequence and request, between steps (sequences.py)
+        runner.input_batch.eos_token_ids = self.eos_token_ids
+        self.seqs = Sequences(runner.input_batch)  # per sequence and request (sequences.py)
         self._inflight: _InFlight | None = None
         # The rows of the steps being worked on (step_request_ids, after a failure).
         self._recent: list[list] = []
@@ -89,14 +101,14 @@ class EngineCore:
             q = p
             if p.seed is not None:
                 q = p.clone()
-                q.seed = (p.seed + i) % (2**63)
+                q.seed = (p.seed + i) % PARAMS_SEED_MODULUS
             params.append(q)
         history = bool(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0
                        or any(len(w) > 1 for w in bad_words_ids))
         self.scheduler.add_request(req)
         s = RequestSampling(params, fallback_seed, bad_words_ids, p.prompt_logprobs, history,
-                      keep_topk, set(), grammar, pool=p.prompt_hidden_states)
-        self.seqs.add(req.request_id, s)
+                            keep_topk, set(), grammar, pool=p.prompt_hidden_states)
+        self.seqs.add(req, s)
 
     def finish_sequences(self, seq_ids: Sequence[str], reason: str = "abort",
                          stop_reason: Any = None) -> None:
@@ -131,8 +143,8 @@ class EngineCore:
     def fork_sequence(self, seq_id: str, new_seq_id: str) -> None:
         """A new sequence sharing ``seq_id``'s tokens and pages (copy-on-write)."""
         self._drain_check()
-        self.scheduler.fork_request(seq_id, new_seq_id)
-        self.seqs.join(new_seq_id, *self.seqs.root[seq_id])
+        child = self.scheduler.fork_request(seq_id, new_seq_id)
+        self.seqs.join(new_seq_id, *self.seqs.root(seq_id), child)
 
     def replace_pending_token(self, seq_id: str, token_id: int) -> None:
         """Swap the newest (sampled, not yet computed) token of a sequence."""
@@ -158,7 +170,7 @@ class EngineCore:
         return not self.async_scheduling or self.seqs.num_serial > 0 or self.speculator is not None
 
     def _may_speculate(self, req: Request) -> bool:
-        ref = self.seqs.root.get(req.request_id)
+        ref = self.seqs.root(req.request_id)
         return ref is not None and not self.seqs.sampling[ref[0]].token_by_token
 
     def step(self) -> CoreOutput:
@@ -178,7 +190,7 @@ class EngineCore:
             self.num_overlapped_steps += 1  # launched while the one before was in flight
         if self._inflight is not None:
             self._complete(self._take_inflight(), out)
-        if launched is not None and launched.deferred:
+        if launched is not None and launched.plan.deferred:
             self._sample_deferred(launched)
         self._inflight = launched
         if launched is not None and self._serial():
@@ -191,101 +203,88 @@ class EngineCore:
         fl, self._inflight = self._inflight, None
         return fl
 
-    def _row_state(self, req: Request, sid: str, index: int, fork: bool) -> RowState:
-        s = self.seqs.sampling[self.seqs.root[sid][0]]
-        # A grammar row whose previous token is still on the device gets its mask later
-        # (_sample_deferred); until then every token is open.
-        bits = None
-        if s.grammar is not None:
-            outputs = [] if fork else req.output_token_ids
-            waiting = not fork and req.num_pending > 1
-            bits = s.grammar.open_mask if waiting else s.grammar.mask(sid, outputs, fork)
-        # Placeholders count as outputs (the seed counter); this row's own one does not.
-        # The output list is passed as is, never copied: this runs per row per step.
-        return RowState(s.params[index], req.prompt_token_ids,
-                        [] if fork else req.output_token_ids, s.fallback(index),
-                        self.eos_token_ids, s.bad_words_ids,
-                        0 if fork else req.num_pending - 1, bits, s.static(index))
+    def _grammar_bits(self, s: RequestSampling, req: Request, sid: str, fork: bool):
+        """A grammar row's mask; a row whose previous token is still on the device
+        gets its mask later (_sample_deferred): until then every token is open."""
+        if not fork and req.num_pending > 1:
+            return s.grammar.open_mask
+        return s.grammar.mask(sid, [] if fork else req.output_token_ids, fork)
 
     def _launch(self, sched: SchedulerOutput, out: CoreOutput) -> _InFlight:
-        now = time.time()
         self.runner.copy_pages(sched.page_copies)
-        first: list[SampleRow] = []
-        extra: list[SampleRow] = []
-        targets_extra: list[tuple[str, int]] = []
-        token_src: dict[str, int] = {}
-        deferred: list[tuple[int, str, int]] = []
-        prompt_lp: dict[str, int] = {}
-        prompt_tokens: dict[str, list[int]] = {}
-        prompt_starts: dict[str, int] = {}
-        pool_rows: set[str] = set()  # rows whose prompt hidden states are wanted
-        lora_slots = [] if self.lora_slot is not None else None
-        seqs = self.seqs
-        get_request, root, sampling = self.scheduler.requests.get, seqs.root, seqs.sampling
+        rows = sched.rows
+        ids = list(map(_request_id, rows))
+        if self.seqs.steady.issuperset(ids) and sum(map(_num_samples, rows)) == len(rows):
+            plan = _StepPlan(ids)  # every row the common one: nothing to do per row
+        else:
+            plan = self._plan_rows(rows, out)
+        prev = self._inflight
+        mm = self._mm_inputs(rows) if self.encoder_cache is not None else None
+        if self.speculator is not None:  # serial: nothing in flight
+            launched = self.speculator.launch(sched, plan.forks, plan.grammar_bits,
+                                              plan.prompt_lp)
+        else:
+            launched = self.runner.launch(rows, forks=plan.forks, grammar_bits=plan.grammar_bits,
+                                          prompt_lp=plan.prompt_lp,
+                                          prev=prev.launched if prev else None,
+                                          defer_sample=bool(plan.deferred), mm=mm,
+                                          pool_rows=plan.pool_rows or None)
+        self.num_steps += 1
+        return _InFlight(sched, launched, plan)
+
+    def _plan_rows(self, rows, out: CoreOutput) -> "_StepPlan":
+        """A step's sampling rows, what to report to the output processor, and the
+        rows wanting prompt logprobs, hidden states or a grammar mask."""
+        now = time.time()
+        plan = _StepPlan([])
+        first_ids, seqs = plan.first_ids, self.seqs
+        get_request, sampling, steady = self.scheduler.requests.get, seqs.sampling, seqs.steady
         first_scheduled, cached = out.first_scheduled, out.num_cached_tokens
-        steady = seqs.steady
-        for i, row in enumerate(sched.rows):
+        fork_grammar: list = []
+        for i, row in enumerate(rows):
             sid = row.request_id
-            req = get_request(sid)
-            if lora_slots is not None:
-                lora_slots.append(self.lora_slot(req.lora_int_id))
-            sr = steady.get(sid)
-            if (sr is not None and row.num_samples == 1  # the common row, on a short path
-                    and sr.state.output_token_ids is req.output_token_ids):
-                sr.row_index = i
-                sr.state.num_placeholders = req.num_pending - 1
-                token_src[sid] = len(first)
-                first.append(sr)
+            if row.num_samples == 1 and sid in steady:
+                first_ids.append(sid)  # the common row
                 continue
-            rid, idx = root[sid]
+            req = get_request(sid)
+            rid, idx = seqs.root(sid)
             s = sampling[rid]
             if not s.reported_scheduled:  # told once: the processor keeps the first time
                 s.reported_scheduled = True
                 first_scheduled[rid] = now
             if s.reported_cached < req.num_cached_tokens:
                 s.reported_cached = cached[rid] = req.num_cached_tokens
-            if s.prompt_logprobs is not None and row.start_pos < req.num_prompt_tokens:
-                prompt_lp[sid] = s.prompt_logprobs
-                prompt_tokens[sid] = req.prompt_token_ids
-                prompt_starts[sid] = row.start_pos
-            if s.pool is not None and row.start_pos < req.num_prompt_tokens:
-                pool_rows.add(sid)
-                prompt_starts[sid] = row.start_pos
-            num_samples = row.num_samples
-            if num_samples == 0:
+            if row.start_pos < req.num_prompt_tokens:
+                if s.prompt_logprobs is not None:
+                    plan.prompt_lp[sid] = s.prompt_logprobs
+                    plan.prompt_starts[sid] = row.start_pos
+                if s.pool is not None:
+                    plan.pool_rows.add(sid)
+                    plan.prompt_starts[sid] = row.start_pos
+            if row.num_samples == 0:
                 continue
-            fork = num_samples > 1
-            sr = SampleRow(sid, i, self._row_state(req, sid, 0 if fork else idx, fork),
-                           s.params[0].logprobs)
-            if not fork and s.grammar is None:
-                # Reported above: its later rows take the short path. (A prompt chunk
-                # they skip after a preemption has its prompt logprobs already.)
-                steady[sid] = sr
+            fork = row.num_samples > 1
             # Each row's first sample comes first, so a row's index in this step's
             # sampled tokens is < max_num_seqs (the next step's placeholder source).
-            token_src[sid] = len(first)
-            first.append(sr)
-            if s.grammar is not None and not fork and req.num_pending > 1:
-                deferred.append((len(first) - 1, sid, idx))
+            j = len(first_ids)
+            first_ids.append(sid)
+            if s.grammar is not None:
+                plan.grammar_bits[j] = self._grammar_bits(s, req, sid, fork)
+                if not fork and req.num_pending > 1:
+                    plan.deferred.append((j, sid))
+            elif not fork:
+                # Reported above: its later rows take the short path. (A prompt chunk
+                # they skip after a preemption has its prompt logprobs already.)
+                steady.add(sid)
             if fork:
-                for j in range(1, num_samples):
-                    extra.append(SampleRow(sid, i, self._row_state(req, sid, j, True),
-                                           s.params[0].logprobs))
-                    targets_extra.append((sid, j))
-        prev = self._inflight
-        mm = self._mm_inputs(sched.rows) if self.encoder_cache is not None else None
-        if self.speculator is not None:  # serial: nothing in flight
-            launched = self.speculator.launch(sched, first + extra, prompt_lp, prompt_tokens,
-                                              lora_slots=lora_slots)
-        else:
-            launched = self.runner.launch(sched.rows, first + extra, prompt_lp, prompt_tokens,
-                                          prev=prev.launched if prev else None,
-                                          token_src=prev.token_src if prev else None,
-                                          lora_slots=lora_slots, defer_sample=bool(deferred),
-                                          mm=mm, pool_rows=pool_rows or None)
-        self.num_steps += 1
-        return _InFlight(sched, launched, token_src, targets_extra, prompt_starts,
-                         first + extra if deferred else None, deferred or None)
+                for k in range(1, row.num_samples):
+                    plan.forks.append((i, k))
+                    plan.extra_targets.append((sid, k))
+                    fork_grammar.append(plan.grammar_bits.get(j))
+        for m, bits in enumerate(fork_grammar, len(first_ids)):
+            if bits is not None:
+                plan.grammar_bits[m] = bits
+        return plan
 
     def _mm_inputs(self, rows) -> tuple | None:
         """The step's image inputs (encoding images the cache lacks); then releases
@@ -307,18 +306,19 @@ class EngineCore:
         """The step before is fetched and its tokens fed to the matchers: launch this
         step's sampler with the grammar rows' masks (rows of sequences that ended
         meanwhile keep an open mask; their tokens are ignored)."""
-        rows = list(fl.sample_rows)
-        for j, sid, idx in fl.deferred:
+        bits = dict(fl.plan.grammar_bits)
+        for j, sid in fl.plan.deferred:
             req = self.scheduler.get_request(sid)
-            if req is not None and sid in self.seqs.root:
-                rows[j] = dataclasses.replace(rows[j], state=self._row_state(req, sid, idx, False))
-        fl.launched = self.runner.launch_sample(fl.launched, rows)
-        fl.sample_rows = fl.deferred = None
+            ref = self.seqs.root(sid)
+            if req is not None and ref is not None:
+                bits[j] = self._grammar_bits(self.seqs.sampling[ref[0]], req, sid, False)
+        fl.launched = self.runner.launch_sample(fl.launched, bits)
+        fl.plan.deferred = []
 
     def _complete(self, fl: _InFlight, out: CoreOutput) -> None:
         if isinstance(fl.launched, Launched):
             res = self.runner.fetch(fl.launched)
-            ids = res.token_ids[:len(fl.token_src) + len(fl.extra_targets)].tolist()
+            ids = res.token_ids[:len(fl.plan.first_ids) + len(fl.plan.extra_targets)].tolist()
             tokens = None
             spec = None
         else:  # a speculative step: each row emits its accepted tokens + 1
@@ -329,49 +329,53 @@ class EngineCore:
                     for r in fl.sched.rows if r.num_spec}
             spec = {sid: (n, req, req.num_output_tokens) for sid, (n, req) in spec.items()
                     if req is not None}
-        first_of = fl.token_src  # seq id -> its (first) sampling row: they come first
-        if tokens is None:  # one token per row, as a plain int: first_of's values are
-            sampled = dict(zip(first_of, ids))  # 0, 1, 2, ... in insertion order
+        first_ids = fl.plan.first_ids  # the sequences of the first sampling rows, in order
+        if tokens is None:  # one token per row, as a bare int
+            sampled = dict(zip(first_ids, ids))
         else:
-            sampled = {sid: list(tokens[j]) for sid, j in first_of.items()}
+            sampled = {sid: list(tokens[j]) for j, sid in enumerate(first_ids)}
         extra_of: dict[tuple[str, int], int] = {}  # (parent seq id, sample index) -> row
-        for j, (sid, idx) in enumerate(fl.extra_targets, len(first_of)):
+        for j, (sid, idx) in enumerate(fl.plan.extra_targets, len(first_ids)):
             extra_of[(sid, idx)] = j
             got = sampled[sid]
             if got.__class__ is int:
                 sampled[sid] = got = [got]
             got.extend(tokens[j] if tokens is not None else (ids[j],))
         for sid, arrays in res.prompt_logprobs.items():
-            rid = self.seqs.root.get(sid, (None,))[0]
-            if rid is not None:
-                out.prompt_logprobs[rid] = (fl.prompt_starts[sid],) + tuple(arrays)
+            ref = self.seqs.root(sid)
+            if ref is not None:
+                out.prompt_logprobs[ref[0]] = (fl.plan.prompt_starts[sid],) + tuple(arrays)
         for sid, hidden in getattr(res, "prompt_hidden", {}).items():  # (none when speculating)
-            rid = self.seqs.root.get(sid, (None,))[0]
-            if rid is not None:
-                out.prompt_hidden[rid] = (fl.prompt_starts[sid], hidden)
+            ref = self.seqs.root(sid)
+            if ref is not None:
+                out.prompt_hidden[ref[0]] = (fl.plan.prompt_starts[sid], hidden)
         changed = self.scheduler.update(fl.sched, sampled)
         # n > 1 children forked by this update join their request first: the parent
         # may finish on this very token (and be forgotten) while they go on.
         if extra_of:
             for req in changed:
-                if (req.request_id not in first_of and req.parent_id in self.seqs.root
+                parent = self.seqs.root(req.parent_id) if req.parent_id is not None else None
+                if (req.request_id not in sampled and parent is not None
                         and (req.parent_id, req.sample_index) in extra_of):
-                    self.seqs.join(req.request_id, self.seqs.root[req.parent_id][0],
-                                   req.sample_index)
+                    self.seqs.join(req.request_id, parent[0], req.sample_index, req)
         if spec is None:
             logprob, rank = res.logprob.tolist(), res.rank.tolist()
-        root_of, sampling, plain = self.seqs.root, self.seqs.sampling, self.seqs.plain
-        plain_ids, plain_tokens = out.plain_request_ids, out.plain_token_ids
+        sampling, token_only = self.seqs.sampling, self.seqs.token_only
+        token_ids_out, tokens_out = out.token_request_ids, out.token_ids
+        first_of = None  # seq id -> its first sampling row, made when a row needs it
         for req in changed:
             sid = req.request_id
-            if sid in plain and spec is None and req.finish_reason is None and sid in first_of:
-                plain_ids.append(sid)  # the common row: two columns, no SeqUpdate
-                plain_tokens.append(sampled[sid])
+            if sid in token_only and spec is None and req.finish_reason is None \
+                    and sid in sampled:
+                token_ids_out.append(sid)  # the common row: two columns, no SeqUpdate
+                tokens_out.append(sampled[sid])
                 continue
+            if first_of is None:
+                first_of = {s: j for j, s in enumerate(first_ids)}
             j = first_of.get(sid)
             if j is None:
                 j = extra_of.get((req.parent_id, req.sample_index))
-            root = root_of.get(sid)
+            root = self.seqs.root(sid)
             if j is None or root is None:
                 if root is not None and req.prefill_only and req.is_finished:
                     # a pooling request, done after its prompt: no token, no sampler row

@@ -44,5 +44,5 @@ class CoreOutput:
     # Sequences of one-sample requests without logprobs that got one token and go on
     # (the common decode row), as two columns instead of one SeqUpdate each: the
     # request id (= the sequence id) and the token.
-    plain_request_ids: list[str] = dataclasses.field(default_factory=list)
-    plain_token_ids: list[int] = dataclasses.field(default_factory=list)
+    token_request_ids: list[str] = dataclasses.field(default_factory=list)
+    token_ids: list[int] = dataclasses.field(default_factory=list)

@@ -26,9 +26,11 @@ from pagedjax.config import EngineArgs
 from pagedjax.engine.core import EngineCore
 from pagedjax.engine.generation_defaults import generation_defaults
 from pagedjax.engine.output_processor import OutputProcessor
+from pagedjax.engine.sequences import SEED_MODULUS
 from pagedjax.outputs import RequestOutput
 from pagedjax.core.request import Request
-from pagedjax.worker.runner import Runner, make_plan
+from pagedjax.worker.plan import make_plan
+from pagedjax.worker.runner import Runner
 from pagedjax.sampling_params import SamplingParams
 from pagedjax.core.scheduler import Scheduler
 from pagedjax.engine.startup import (
@@ -46,18 +48,63 @@ from pagedjax.structured_output.grammar import GrammarCompiler, GrammarState
 logger = logging.getLogger("pagedjax.engine.llm_engine")
 
 
+def _load_tokenizer(args: EngineArgs, resolved):
+    """``args.tokenizer``, else the model's own, loading on a thread beside the weights:
+    returns a future whose ``.result()`` is the tokenizer."""
+    from pagedjax.engine import tokenizer as tok_mod
+
+    if args.tokenizer:
+        return tok_mod.load_tokenizer_in_background(args.tokenizer)
+    return tok_mod.load_tokenizer_in_background(resolved.tokenizer_source,
+                                                **dict(resolved.tokenizer_kwargs))
+
+
 class LLMEngine:
     """The engine behind ``LLM`` and the server."""
 
     def __init__(self, args: EngineArgs):
-        import pagedjax.models as models
-        from pagedjax.engine import tokenizer as tok_mod
-
         started = time.perf_counter()
         args.validate()
         self.args = args
         enable_compilation_cache(args.compilation_cache_dir)
         start_cpu_builds(args)
+        self._resolve_model(args)
+        tokenizer = _load_tokenizer(args, self.resolved)
+        self._load_weights(args)
+        self.tokenizer = tokenizer.result()
+        self.config = resolve_config(args, self.info, self.mesh)
+        kv = self._allocate_kv_pool(args)
+        self.scheduler = self._make_scheduler(args)
+        self.runner = Runner(self.model, self.params, kv, page_size=args.page_size,
+                             max_num_seqs=args.max_num_seqs,
+                             max_num_batched_tokens=self.config.max_num_batched_tokens,
+                             max_model_len=self.config.max_model_len,
+                             plan=make_plan(self.config.attention_backend, self.mesh,
+                                            args.enable_expert_parallel, self._layer_map()),
+                             lora_slot=self.lora.slot_of if self.lora is not None else None)
+        self._make_core(args)
+        self.processor = OutputProcessor(self.tokenizer)
+        self.grammars = GrammarCompiler(self.tokenizer, self.info.vocab_size, self.eos_token_ids)
+        self._rng = np.random.default_rng(args.seed)
+        self._counter = itertools.count()
+        self.num_prompt_tokens = 0
+        phase_logger().info(
+            "load: %.1f s (%s, %d layers, weights %.1f MiB on device, quantization=%s, "
+            "KV pool %d pages)", time.perf_counter() - started, self.info.architecture,
+            self.info.num_layers, self.weight_bytes / 2**20, self.quantization,
+            self.config.num_pages)
+        self.kv_capacity = self.scheduler.kv_capacity()
+        logger.info("%s; KV cache size: %d tokens; maximum concurrency for %d tokens per "
+                    "request: %.2fx", self.config.kv_layout.describe(), self.kv_capacity["tokens"],
+                    self.config.max_model_len, self.kv_capacity["max_concurrency"])
+        compile_programs(self.runner, args, started)
+        freeze_startup_heap()
+
+    # ------------------------------------------------------------------ building
+    def _resolve_model(self, args: EngineArgs) -> None:
+        """Where the model lives, its generation defaults and weight quantization."""
+        import pagedjax.models as models
+
         self.resolved = models.resolve_model(args.model, revision=args.revision,
                                               download_dir=args.download_dir)
         self.default_sampling = generation_defaults(self.resolved.generation_config,
@@ -69,9 +116,12 @@ class LLMEngine:
                 f"device of every process; set tensor_parallel_size={jax.device_count()} "
                 "(jax.device_count())")
         self.quantization = weight_quantization(args, self.resolved)
-        tok_src = args.tokenizer or self.resolved.tokenizer_source
-        tok_kwargs = {} if args.tokenizer else dict(self.resolved.tokenizer_kwargs)
-        tokenizer = tok_mod.load_tokenizer_in_background(tok_src, **tok_kwargs)  # beside the load
+
+    def _load_weights(self, args: EngineArgs) -> None:
+        """The model and its weights on the device(s) (sharded under tensor
+        parallelism), with LoRA slots when enabled."""
+        import pagedjax.models as models
+
         if args.tensor_parallel_size > 1:
             from pagedjax.distributed import sharding
 
@@ -89,12 +139,13 @@ class LLMEngine:
 
             self.model, self.params = enable_lora(self.model, self.params, args, self.mesh)
             self.lora = make_manager(self.model, args, lambda: self.runner)
-        info = self.model.info
-        self.info = info
+        self.info = self.model.info
         # Bytes of the weights as they sit on the device(s) (quantized stays quantized).
         self.weight_bytes = models.model_weight_bytes(self.params)
-        self.tokenizer = tokenizer.result()
-        self.config = cfg = resolve_config(args, info, self.mesh)
+
+    def _allocate_kv_pool(self, args: EngineArgs):
+        """The KV page pool (sharded, or layer-stacked when ``scan_layers`` applies)."""
+        cfg = self.config
         pool_dtype = None if args.kv_cache_dtype == "auto" else cfg.kv_cache_dtype
         layout = cfg.kv_layout
         arrays = layout.num_slots if layout.multi else None  # hybrid KV groups share arrays
@@ -110,51 +161,42 @@ class LLMEngine:
                 and self.model.can_scan() and not layout.multi):
             self.params = self.model.stack_params(self.params)
             kv = self.model.stack_kv_caches(kv)
+        return kv
+
+    def _layer_map(self):
+        """Each layer's (KV group, pool array) under hybrid KV groups, else None."""
+        layout = self.config.kv_layout
+        return layout.layer_map() if layout.multi else None
+
+    def _make_scheduler(self, args: EngineArgs) -> Scheduler:
+        cfg = self.config
         mnbt = cfg.max_num_batched_tokens
-        self.scheduler = Scheduler(cfg.num_pages, args.page_size, args.max_num_seqs, mnbt,
-                                   cfg.max_model_len,
-                                   enable_prefix_caching=args.enable_prefix_caching,
-                                   policy=args.scheduling_policy,
-                                   admit=self.lora.admit if self.lora is not None else None,
-                                   encoder_budget=mnbt if getattr(self.model, "is_multimodal", False)
-                                   else None, kv_layout=layout)
-        self.runner = Runner(self.model, self.params, kv, page_size=args.page_size,
-                             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=mnbt,
-                             max_model_len=cfg.max_model_len,
-                             plan=make_plan(cfg.attention_backend, self.mesh,
-                                            args.enable_expert_parallel,
-                                            layout.layer_map() if layout.multi else None))
+        multimodal = getattr(self.model, "is_multimodal", False)
+        return Scheduler(cfg.num_pages, args.page_size, args.max_num_seqs, mnbt,
+                         cfg.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
+                         policy=args.scheduling_policy,
+                         admit=self.lora.admit if self.lora is not None else None,
+                         encoder_budget=mnbt if multimodal else None, kv_layout=cfg.kv_layout)
+
+    def _make_core(self, args: EngineArgs) -> None:
+        """The EngineCore, with the speculator, the image encoder's cache and the
+        multi-host leader it needs."""
         # Multi-host: process 0 publishes its requests to the followers before each step.
         self._leader = multihost.make_leader()
-        self.eos_token_ids = tuple(info.eos_token_ids) or (
+        self.eos_token_ids = tuple(self.info.eos_token_ids) or (
             (self.tokenizer.eos_token_id,) if self.tokenizer.eos_token_id is not None else ())
         self.speculator = None
         if args.speculative_config is not None:
             from pagedjax.spec_decode.speculator import make_speculator
 
-            self.speculator = make_speculator(args, cfg, self.runner, self.scheduler, info)
+            self.speculator = make_speculator(args, self.config, self.runner, self.scheduler,
+                                              self.info)
         self.mm_processor, encoder_cache = self._multimodal(args)
         self.core = EngineCore(self.scheduler, self.runner, self.eos_token_ids,
                                async_scheduling=args.async_scheduling,
-                               lora_slot=self.lora.slot_of if self.lora is not None else None,
                                speculator=self.speculator, encoder_cache=encoder_cache)
         if self.lora is not None:
             self.lora.warmup()
-        self.processor = OutputProcessor(self.tokenizer)
-        self.grammars = GrammarCompiler(self.tokenizer, info.vocab_size, self.eos_token_ids)
-        self._rng = np.random.default_rng(args.seed)
-        self._counter = itertools.count()
-        self.num_prompt_tokens = 0
-        phase_logger().info(
-            "load: %.1f s (%s, %d layers, weights %.1f MiB on device, quantization=%s, "
-            "KV pool %d pages)", time.perf_counter() - started, info.architecture,
-            info.num_layers, self.weight_bytes / 2**20, self.quantization, cfg.num_pages)
-        self.kv_capacity = self.scheduler.kv_capacity()
-        logger.info("%s; KV cache size: %d tokens; maximum concurrency for %d tokens per "
-                    "request: %.2fx", layout.describe(), self.kv_capacity["tokens"],
-                    cfg.max_model_len, self.kv_capacity["max_concurrency"])
-        compile_programs(self.runner, args, started)
-        freeze_startup_heap()
 
     def _multimodal(self, args: EngineArgs):
         """(MultiModalProcessor, EncoderCache) of a vision-language model, else (None, None)."""
@@ -263,7 +305,7 @@ class LLMEngine:
         req.mm_items = mm_items
         if mm_items and getattr(self.model, "uses_mrope", False):  # computed once: the step reads the table
             req.mrope = self.model.abstract.mrope_positions(len(ids), mm_items)
-        self.core.add_request(req, int(self._rng.integers(0, 2**31 - 1)), bad_ids,
+        self.core.add_request(req, int(self._rng.integers(0, SEED_MODULUS)), bad_ids,
                               keep_topk=beam, grammar=grammar)  # ValueError: bad request
         if not beam:
             self.processor.add_request(request_id, text, ids, params, arrival)
@@ -420,7 +462,7 @@ class LLMEngine:
                 "num_accepted_tokens": s.num_accepted_tokens}
 
     def num_compilations_since(self, start: int) -> int:
-        from pagedjax.worker.runner import CompileCounter
+        from pagedjax.worker.plan import CompileCounter
 
         return CompileCounter.count - start
 

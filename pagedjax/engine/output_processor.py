@@ -58,9 +58,9 @@ class _ReqState:
     num_cached_tokens: int = 0
     finished: bool = False
     num_finished_seqs: int = 0
-    # The one sequence of a plain request (n=1, no logprobs, no stop strings,
-    # detokenized), which process() updates on a short path; None otherwise.
-    plain: _Seq | None = None
+    # The one sequence of a request that needs only text appended (n=1, no logprobs,
+    # no stop strings, detokenized), which process() updates on a short path; None otherwise.
+    text_only: _Seq | None = None
     hidden: dict | None = None  # first position -> hidden chunk (prompt_hidden_states)
 
 
@@ -102,14 +102,14 @@ class OutputProcessor:
                 params=params, logprobs=[] if params.logprobs is not None else None)
         if params.logprobs is not None or params.prompt_logprobs is not None:
             self._wants_texts.add(request_id)
-        plain = params.n == 1 and params.logprobs is None and params.detokenize \
+        text_only = params.n == 1 and params.logprobs is None and params.detokenize \
             and not seqs[0].stop.stop
         self._states[request_id] = _ReqState(
             request_id=request_id, prompt=prompt, prompt_token_ids=prompt_token_ids,
             params=params, seqs=seqs,
             metrics=RequestMetrics(arrival_time=arrival_time, last_token_time=arrival_time),
             prompt_logprobs=[None] if params.prompt_logprobs is not None else None,
-            plain=seqs[0] if plain else None)
+            text_only=seqs[0] if text_only else None)
 
     def abort(self, request_id: str) -> bool:
         self._wants_texts.discard(request_id)
@@ -159,13 +159,13 @@ class OutputProcessor:
         stops: list[tuple[str, str]] = []
         outputs: list[RequestOutput] = []
         states = self._states
-        num_plain = 0
+        num_tokens = 0
         cumulative = RequestOutputKind.CUMULATIVE
-        for rid, tok in zip(core.plain_request_ids, core.plain_token_ids):
+        for rid, tok in zip(core.token_request_ids, core.token_ids):
             st = states.get(rid)
             if st is None:
                 continue
-            seq = st.plain
+            seq = st.text_only
             if seq is None:  # stop strings, or not detokenized: the general path
                 if self._update(st, SeqUpdate(rid, rid, 0, [tok]), now, stops):
                     touched[rid] = st
@@ -180,18 +180,18 @@ class OutputProcessor:
             stop = seq.stop
             stop.add(seq.detok.add(tok))
             seq.text = stop.text
-            num_plain += 1
+            num_tokens += 1
             if st.params.output_kind is not cumulative:
                 touched[rid] = st
                 continue
-            # _make_output for the one plain sequence, inlined and made here, in the same
+            # _make_output for the one text-only sequence, inlined and made here, in the same
             # pass (per row per step; it never finishes here: finishing rows come as
             # SeqUpdates). The general path measured ~10% slower at 256 rows (host_overhead.py).
             outputs.append(RequestOutput(
                 rid, st.prompt, st.prompt_token_ids, st.prompt_logprobs,
                 [CompletionOutput(0, seq.text, seq.token_ids.copy(), None, None, None, None)],
                 False, m.snapshot(), st.num_cached_tokens))
-        self.num_generated_tokens += num_plain
+        self.num_generated_tokens += num_tokens
         for up in core.updates:
             st = states.get(up.request_id)
             if st is not None and self._update(st, up, now, stops):

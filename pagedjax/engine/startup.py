@@ -14,7 +14,7 @@ import time
 import jax
 
 from pagedjax.config import EngineArgs, EngineConfig
-from pagedjax.worker.runner import CompileCounter, default_num_pages
+from pagedjax.worker.plan import CompileCounter, default_num_pages
 
 logger = logging.getLogger("pagedjax.startup")
 

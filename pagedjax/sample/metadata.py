@@ -1,12 +1,13 @@
 """Per-row sampling state -> fixed-shape sampling arrays (host side: numpy arrays in a JAX pytree).
 
-``RowState`` is what the sampler needs of one running sequence; the engine
-core builds one per sampling row per step. ``static_row`` is the part that
-never changes for a sequence (kept between steps by the core);
-``build_sampling_tensors`` packs a step's rows into a ``SamplingTensors``
-pytree of numpy arrays whose widths are module constants, with static feature
-flags (penalties, bias/bans, allowed tokens, min-p, top-k/top-p) so the
-common path compiles lean. The device side is ``sampler.py``.
+``RowState`` is what the sampler needs of one running sequence;
+``static_row`` is the part that never changes for a sequence (the persistent
+batch, ``worker/input_batch.py``, keeps it as columns); ``build_sampling_tensors``
+packs explicit rows (and ``tensors_from_columns`` a batch's columns plus its few
+special rows) into a ``SamplingTensors`` pytree of numpy arrays whose widths
+are module constants, with static feature flags (penalties, bias/bans, allowed
+tokens, min-p, top-k/top-p) so the common path compiles lean. The device side
+is ``sampler.py``.
 """
 
 from __future__ import annotations
@@ -53,9 +54,8 @@ class RowState:
     bad_words_token_ids: Sequence[Sequence[int]] = ()
     num_placeholders: int = 0
     grammar_bits: Optional[np.ndarray] = None
-    # static_row(params, fallback_seed) when the caller keeps it between steps
-    # (it never changes for a sequence); computed here otherwise.
-    static: Optional[tuple] = None
+    # static_row(params, fallback_seed) when the caller has it; computed otherwise.
+    static: Optional["StaticRow"] = None
 
     @property
     def num_outputs(self) -> int:
@@ -81,7 +81,7 @@ def static_row(params: SamplingParams, fallback_seed: int) -> StaticRow:
     """A sequence's :class:`StaticRow` (built once per sequence)."""
     p = params
     greedy = p.temperature < SAMPLING_EPS
-    hi, lo = _seed_words(p.seed if p.seed is not None else fallback_seed)
+    hi, lo = seed_words(p.seed if p.seed is not None else fallback_seed)
     extras = bool(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0
                   or p.min_tokens or p.logit_bias or p.allowed_token_ids is not None
                   or p.bad_words)
@@ -191,86 +191,77 @@ def _pack_history(hist: dict[int, tuple[np.ndarray, np.ndarray]], R: int, V: int
     return ids, counts
 
 
-def _seed_words(seed: int) -> tuple[int, int]:
+def seed_words(seed: int) -> tuple[int, int]:
+    """A seed's two threefry key words (high, low)."""
     s = int(seed) & ((1 << 64) - 1)
     return (s >> 32) & _MASK32, s & _MASK32
 
 
-def _static_columns(statics: list[tuple], R: int, V: int) -> tuple:
-    """The columns of the rows' ``static_row`` tuples, padded to R rows (read-only:
-    :class:`StaticColumns` hands the same arrays to later steps), and the top-k/top-p
-    and min-p flags."""
+class SamplingColumns(NamedTuple):
+    """The static sampling columns of R rows (rows past the real ones: greedy padding)."""
+
+    greedy: np.ndarray  # bool[R]
+    temperature: np.ndarray  # f32[R] (1 for greedy rows)
+    top_k: np.ndarray  # i32[R] (vocab size = off)
+    top_p: np.ndarray  # f32[R]
+    min_p: np.ndarray  # f32[R]
+    key_data: np.ndarray  # u32[R, 2] threefry key words of each row's seed
+
+
+def static_columns(statics: Sequence[StaticRow], R: int, V: int) -> SamplingColumns:
+    """The columns of rows' :class:`StaticRow` s, padded to R rows."""
     n = len(statics)
-    cols = list(zip(*statics)) if statics else [()] * 8
+    cols = list(zip(*statics)) if statics else [()] * len(StaticRow._fields)
+    f = {name: cols[i] for i, name in enumerate(StaticRow._fields)}
     greedy = np.ones(R, bool)
-    greedy[:n] = cols[0]
+    greedy[:n] = f["greedy"]
     temperature = np.ones(R, np.float32)
-    temperature[:n] = cols[1]
+    temperature[:n] = f["temperature"]
     top_k = np.full(R, V, np.int32)
     top_p = np.ones(R, np.float32)
     min_p = np.zeros(R, np.float32)
     if n:
-        k = np.asarray(cols[2], np.int64)
+        k = np.asarray(f["top_k"], np.int64)
         top_k[:n] = np.where((k > 0) & (k < V), k, V)
-        top_p[:n] = cols[3]
-        min_p[:n] = cols[4]
+        top_p[:n] = f["top_p"]
+        min_p[:n] = f["min_p"]
     key_data = np.zeros((R, 2), np.uint32)
-    key_data[:n, 0] = cols[5]
-    key_data[:n, 1] = cols[6]
-    arrays = (greedy, temperature, top_k, top_p, min_p, key_data)
-    for a in arrays:
-        a.flags.writeable = False
-    use_tkp = bool(n) and bool(((top_k[:n] < V) | (top_p[:n] < 1.0)).any())
-    use_min_p = bool(n) and bool((min_p[:n] > 0.0).any())
-    return arrays + (use_tkp, use_min_p)
-
-
-class StaticColumns:
-    """The static columns of the latest build, reused while the next build's rows
-    carry equal ``static_row`` tuples in the same order (a decode step of an
-    unchanged batch: the core keeps each sequence's tuple, so the comparison is
-    one identity check per row). Held by the caller, one per stream of builds."""
-
-    def __init__(self) -> None:
-        self._key: tuple | None = None
-        self._columns: tuple | None = None
-
-    def get(self, statics: list[tuple], R: int, V: int) -> tuple:
-        key = self._key
-        if key is None or key[0] != R or key[1] != V or key[2] != statics:
-            self._columns = _static_columns(statics, R, V)
-            self._key = (R, V, statics)
-        return self._columns
+    key_data[:n, 0] = f["seed_hi"]
+    key_data[:n, 1] = f["seed_lo"]
+    return SamplingColumns(greedy, temperature, top_k, top_p, min_p, key_data)
 
 
 def build_sampling_tensors(rows: Sequence[RowState], num_rows_padded: int, vocab_size: int,
-                           history_len: int, columns: StaticColumns | None = None
-                           ) -> SamplingTensors:
+                           history_len: int) -> SamplingTensors:
     """Pack per-row sampling state into fixed-shape numpy arrays.
 
     Rows past ``len(rows)`` are greedy padding. ``history_len`` bounds the
     number of *distinct* tokens a penalised row has seen (prompt + output when
-    repetition_penalty != 1, else output only). ``columns``: the caller's
-    :class:`StaticColumns`, which skips rebuilding the static columns when the
-    rows' static parts are those of its previous build.
+    repetition_penalty != 1, else output only). (The engine's steps take their
+    static columns from the persistent batch instead: ``worker/input_batch.py``.)
     """
     R, V = num_rows_padded, vocab_size
     if len(rows) > R:
         raise ValueError(f"got {len(rows)} rows for num_rows_padded={R}; raise num_rows_padded.")
-    n = len(rows)
-    # One pass over the rows (per step): their static columns, seed counters, and the
-    # few rows that need more (penalties, bans, biases, allowed ids, grammar masks).
-    statics, counts, special = [], [], []
-    for r, row in enumerate(rows):
-        static = row.static or static_row(row.params, row.fallback_seed)
-        statics.append(static)
-        counts.append(len(row.output_token_ids) + row.num_placeholders)
-        if static.extras or row.bad_words_token_ids or row.grammar_bits is not None:
-            special.append(r)
-    greedy, temperature, top_k, top_p, min_p, key_data, use_tkp, use_min_p = \
-        columns.get(statics, R, V) if columns is not None else _static_columns(statics, R, V)
+    statics = [row.static or static_row(row.params, row.fallback_seed) for row in rows]
     counter = np.zeros(R, np.int32)
-    counter[:n] = counts
+    counter[:len(rows)] = [row.num_outputs for row in rows]
+    special = {r: row for r, row in enumerate(rows)
+               if statics[r].extras or row.bad_words_token_ids or row.grammar_bits is not None}
+    return tensors_from_columns(static_columns(statics, R, V), len(rows), counter, special,
+                                V, history_len)
+
+
+def tensors_from_columns(cols: SamplingColumns, n: int, counter: np.ndarray,
+                         special: dict[int, RowState], V: int, history_len: int
+                         ) -> SamplingTensors:
+    """A :class:`SamplingTensors` from ``n`` rows' static columns and seed counters
+    (padded to R), and the full state of the ``special`` rows (by row): those
+    needing penalties, bans, biases, allowed ids or a grammar mask."""
+    R = len(cols.greedy)
+    greedy, top_k, top_p, min_p = cols.greedy, cols.top_k, cols.top_p, cols.min_p
+    use_tkp = bool(n) and bool(((top_k[:n] < V) | (top_p[:n] < 1.0)).any())
+    use_min_p = bool(n) and bool((min_p[:n] > 0.0).any())
     pen = np.zeros((3, R), np.float32)
     pen[2] = 1.0
     use_pen = use_edits = use_allowed = False
@@ -278,12 +269,12 @@ def build_sampling_tensors(rows: Sequence[RowState], num_rows_padded: int, vocab
     allowed: dict[int, list[int]] = {}
     grammar: dict[int, np.ndarray] = {}
     hist: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    for r in special:
-        row = rows[r]
+    for r, row in special.items():
         if row.grammar_bits is not None:
             grammar[r] = row.grammar_bits
             use_allowed = True
-        if not statics[r][7] and not row.bad_words_token_ids:
+        static = row.static or static_row(row.params, row.fallback_seed)
+        if not static.extras and not row.bad_words_token_ids:
             continue  # only a grammar mask
         p = row.params
         if p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0:
@@ -312,7 +303,20 @@ def build_sampling_tensors(rows: Sequence[RowState], num_rows_padded: int, vocab
     for r, (ids_e, vals_e) in edits.items():
         edit_ids[r, :len(ids_e)] = ids_e
         edit_vals[r, :len(vals_e)] = vals_e
-    W = (V + 31) // 32 if use_allowed else 0
+    allowed_bits = _allowed_bits(allowed, grammar, R, V, use_allowed)
+    return SamplingTensors(
+        temperature=cols.temperature, greedy=greedy, top_k=top_k, top_p=top_p, min_p=min_p,
+        key_data=cols.key_data, counter=counter, presence=pen[0], frequency=pen[1],
+        repetition=pen[2], hist_ids=hist_ids, hist_counts=hist_counts, edit_ids=edit_ids,
+        edit_vals=edit_vals, allowed_bits=allowed_bits, all_greedy=bool(greedy.all()),
+        use_penalties=use_pen, use_edits=use_edits, use_allowed=use_allowed,
+        use_min_p=use_min_p, use_top_k_p=use_tkp)
+
+
+def _allowed_bits(allowed: dict[int, list[int]], grammar: dict[int, np.ndarray], R: int, V: int,
+                  used: bool) -> np.ndarray:
+    """u32[R, ceil(V/32)] (zero wide when unused): allowed_token_ids AND grammar masks."""
+    W = (V + 31) // 32 if used else 0
     allowed_bits = np.full((R, W), _MASK32, np.uint32)
     for r, ids_a in allowed.items():
         a = np.asarray(ids_a, np.int64)
@@ -327,13 +331,7 @@ def build_sampling_tensors(rows: Sequence[RowState], num_rows_padded: int, vocab
             raise ValueError(f"grammar_bits of row {r} has shape {g.shape}, expected ({W},) "
                              f"for vocab_size {V}.")
         allowed_bits[r] &= g
-    return SamplingTensors(
-        temperature=temperature, greedy=greedy, top_k=top_k, top_p=top_p, min_p=min_p,
-        key_data=key_data, counter=counter, presence=pen[0], frequency=pen[1],
-        repetition=pen[2], hist_ids=hist_ids, hist_counts=hist_counts, edit_ids=edit_ids,
-        edit_vals=edit_vals, allowed_bits=allowed_bits, all_greedy=bool(greedy.all()),
-        use_penalties=use_pen, use_edits=use_edits, use_allowed=use_allowed,
-        use_min_p=use_min_p, use_top_k_p=use_tkp)
+    return allowed_bits
 
 
 def variant_key(st: SamplingTensors) -> tuple:

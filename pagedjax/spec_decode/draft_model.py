@@ -34,9 +34,8 @@ import numpy as np
 
 from pagedjax.kernels_pallas import copy_pages
 from pagedjax.sample import sampler as sampler_mod
-from pagedjax.worker.inputs import SampleRow, pow2, prepare
+from pagedjax.worker.inputs import SampleRow, pow2, prepare_explicit
 from pagedjax.worker.packing import pack, unpack
-from pagedjax.worker.page_table import PageTables
 from pagedjax.core.scheduler import ScheduledRow
 from pagedjax.spec_decode import rejection
 
@@ -49,8 +48,6 @@ class DraftModel:
         self.kv_caches = kv_caches
         self.k = k
         self.buckets = buckets
-        # The draft's own page-table rows (the same pages as the target's tables).
-        self.page_tables = PageTables(buckets.p_buckets()[-1], 2 * buckets.max_num_seqs + 8)
         self.plan = plan
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
@@ -101,9 +98,8 @@ class DraftModel:
         """One draft step over ``rows``; samples the rows listed in ``states``
         ((row index, RowState)). Returns (tokens device i32[R], probs f32[R, V])."""
         srows = [SampleRow(rows[i].request_id, i, st, None) for i, st in states]
-        batch, st, sample_index, _, _, _ = prepare(self.buckets, rows, srows, {}, None, None,
-                                                   self.vocab_size, self.max_model_len,
-                                                   tables=self.page_tables)
+        batch, st, sample_index, _, _, _ = prepare_explicit(
+            self.buckets, rows, srows, {}, None, None, self.vocab_size, self.max_model_len)
         bufs, spec = pack(batch)
         sbufs, sspec = pack((st, sample_index))
         tok, probs, self.kv_caches = self._step(self.params, self.kv_caches, bufs, sbufs,

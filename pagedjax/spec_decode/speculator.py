@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pagedjax.sample import sampler as sampler_mod
-from pagedjax.worker.inputs import LOGPROB_BUCKETS, SampleRow, pow2
+from pagedjax.worker.inputs import SampleRow, logprob_bucket, pow2
 from pagedjax.worker.packing import pack, unpack
 from pagedjax.core.request import Request
 from pagedjax.sample.sampler import RowState
@@ -104,19 +104,20 @@ class Speculator:
                 req.spec_token_ids = [-1] * k  # the draft model fills them after scheduling
 
     # ------------------------------------------------------------------ launch
-    def launch(self, sched, sample_rows: Sequence[SampleRow], prompt_lp: dict[str, int],
-               prompt_tokens: dict[str, list[int]], lora_slots=None):
-        """Run the step: plain sampling when nothing was proposed, else verification.
-        (A draft model proposes without LoRA adapters; the target verifies with them.)"""
+    def launch(self, sched, forks: Sequence[tuple[int, int]], grammar_bits: dict[int, Any],
+               prompt_lp: dict[str, int]):
+        """Run the step: ordinary sampling when nothing was proposed, else verification.
+        ``forks`` and ``grammar_bits``: as ``Runner.launch`` takes them. (A draft model
+        proposes without LoRA adapters; the target verifies with them.)"""
+        sample_rows = self.runner.input_batch.sample_rows(sched.rows, forks, grammar_bits)
         q = None
         if self.draft is not None:
             q = self.draft.run(sched, sample_rows)  # fills the rows' proposal tokens
         spec_rows = [sr for sr in sample_rows if sched.rows[sr.row_index].num_spec]
         if not spec_rows:
-            return self.runner.launch(sched.rows, sample_rows, prompt_lp, prompt_tokens,
-                                      lora_slots=lora_slots)
-        logits, plp, cu, s = self.runner.launch_logits(sched.rows, prompt_lp, prompt_tokens,
-                                                       lora_slots)
+            return self.runner.launch(sched.rows, forks=forks, grammar_bits=grammar_bits,
+                                      prompt_lp=prompt_lp)
+        logits, plp, cu, s = self.runner.launch_logits(sched.rows, prompt_lp)
         vi, num_logprobs = self._verify_inputs(sched.rows, sample_rows, s)
         bufs, spec = pack(vi)
         out = self._verify(logits, jax.device_put(bufs), q, spec=spec, num_logprobs=num_logprobs)
@@ -159,7 +160,7 @@ class Speculator:
         st = sampler_mod.build_sampling_tensors(states, R * K1, self.runner.vocab_size,
                                                 self.runner.max_model_len)
         wanted = [sr.num_logprobs for sr in sample_rows if sr.num_logprobs is not None]
-        num_logprobs = next(b for b in LOGPROB_BUCKETS if b >= max(wanted)) if wanted else None
+        num_logprobs = logprob_bucket(max(wanted)) if wanted else None
         vi = rejection.VerifyInputs(logit_rows, draft_ids, num_draft, q_row, st)
         return vi, num_logprobs
 

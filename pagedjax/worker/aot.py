@@ -28,7 +28,9 @@ from jax.sharding import Mesh, NamedSharding
 
 from pagedjax.kernels_pallas.pallas.tpu_compile import on_device, tpu_devices  # noqa: F401
 from pagedjax.models.base import ExecutionPlan
-from pagedjax.worker.runner import Runner, kv_cache_bytes_per_page
+from pagedjax.worker.plan import kv_cache_bytes_per_page
+from pagedjax.worker import programs
+from pagedjax.worker.runner import Runner
 
 
 def _native_attention(mesh):
@@ -154,13 +156,13 @@ def compile_step(runner: Runner, device, *, decode_rows: int = 64, mixed_tokens:
                 raise ValueError(f"{name}: no step has {s} rows, {t} tokens, {p} pages")
             srows = [SampleRow(r.request_id, i, RowState(greedy, [0], []), None)
                      for i, r in enumerate(rows)]
-            _, job = runner.model_compile_job(rows, srows)
+            _, job = programs.model_compile_job(runner, rows, srows)
             out.append(ProgramMemory.of(f"model {name} S{s} T{t} P{p}", job()))
         r = pow2(decode_rows, 8)
         st = build_sampling_tensors([RowState(greedy, [0], [])], r, runner.vocab_size,
                                     runner.max_model_len)
-        _, job = runner.sampler_compile_job(decode_rows, st, 8)
+        _, job = programs.sampler_compile_job(runner, decode_rows, st, 8)
         out.append(ProgramMemory.of(f"sampler R{r} top-p logprobs", job()))
-        _, job = runner.copy_compile_job(8)
+        _, job = programs.copy_compile_job(runner, 8)
         out.append(ProgramMemory.of("page copy x8", job()))
     return out

@@ -33,9 +33,8 @@ import numpy as np
 
 from pagedjax.models.base import AttentionMetadata
 from pagedjax.sample import sampler as sampler_mod
-from pagedjax.worker.page_table import PageTables
+from pagedjax.worker.page_table import PageTable
 from pagedjax.sample.sampler import RowState
-from pagedjax.sample.metadata import StaticColumns
 from pagedjax.utils import cdiv
 
 LOGPROB_BUCKETS = (20,)  # one top-k width: fewer sampler programs
@@ -120,39 +119,48 @@ _state = operator.attrgetter("state")
 _num_logprobs = operator.attrgetter("num_logprobs")
 
 
-def prepare(buckets: Buckets, rows, sample_rows: Sequence[SampleRow], prompt_lp: dict[str, int],
-        prompt_tokens: dict[str, list[int]] | None, token_src: dict[str, int] | None,
-        vocab_size: int, max_model_len: int, lora_slots=None, *, tables: PageTables,
-        columns: StaticColumns | None = None, mrope=None):
-    """Host-side padding. Returns (BatchInputs numpy pytree, SamplingTensors, statics).
-    ``lora_slots``: each row's LoRA slot (-1: none), None when LoRA is off.
-    ``tables``: the caller's page-table rows kept between steps (page_table.py), or
-    one per KV group (hybrid layouts: page_table i32[G, S, P], slot_mapping i32[G, T]);
-    ``columns``: its sampling rows' static columns (sampling_tensors.StaticColumns);
-    ``mrope``: M-RoPE models, ``request_id -> (table, delta) | None`` (worker/mrope.py)."""
+def sampling_rows_padded(num_sample_rows: int, s: int) -> int:
+    """Sampling rows (more than S when an n > 1 prompt completes) have their own
+    bucket, so the expensive model program never depends on them; at least S of
+    them, so that a sampler program serves a model bucket for any number of
+    sampling rows up to S (padding rows are greedy, dropped)."""
+    return max(pow2(max(num_sample_rows, 1), 8), s)
+
+
+def logprob_bucket(k: int | None) -> int | None:
+    """The compiled top-k width serving ``k`` logprobs (None: none wanted)."""
+    return None if k is None else next(b for b in LOGPROB_BUCKETS if b >= k)
+
+
+def prepare(buckets: Buckets, rows, table_rows: np.ndarray, table, *,
+            placeholder_src: np.ndarray | None = None, prompt_lp: dict[str, int] | None = None,
+            prompt_tokens=None, lora_slots: np.ndarray | None = None, mrope=None):
+    """Host-side padding of one step's model inputs. Returns (BatchInputs numpy
+    pytree, (T, S, P)). ``table_rows``: each row's row in ``table`` (page_table.py's
+    PageTable, or a list of them, one per KV group under a hybrid layout: the step's
+    page_table is then i32[G, S, P] and its slot_mapping i32[G, T]);
+    ``placeholder_src``: per row, where its placeholder reads its token in the
+    previous step's sampled tokens (read only where the row's last token is -1; it
+    becomes the per-token ``BatchInputs.token_src``);
+    ``prompt_lp``: request id -> k for rows wanting prompt logprobs, whose full
+    prompts ``prompt_tokens(request id)`` gives; ``lora_slots``: each row's LoRA
+    slot (-1: none), None when LoRA is off; ``mrope``: M-RoPE models,
+    ``request_id -> (table, delta) | None`` (worker/mrope.py)."""
     ps = buckets.page_size
     n_rows = len(rows)
     # The rows' columns by C-level loops (map + attrgetter: this runs per step, on the
     # critical path when the device is fast); the rest is vectorized over rows and tokens.
     toks = list(map(_token_ids, rows))
     lens_l = list(map(len, toks))
-    starts_l = list(map(_start_pos, rows))
-    nspec_l = list(map(_num_spec, rows))
     last_l = list(map(_last, toks))
     num_tokens = sum(lens_l)
     flat = last_l if num_tokens == n_rows else list(itertools.chain.from_iterable(toks))
     decode = num_tokens == n_rows
     lens = np.array(lens_l, np.int64)
-    starts = np.array(starts_l, np.int64)
+    starts = np.fromiter(map(_start_pos, rows), np.int64, n_rows)
     ends = np.cumsum(lens)
     max_pages = int(cdiv((starts + lens).max(), ps))
-    num_sample_rows = len(sample_rows)
     t, s, p = buckets.bucket_sizes(n_rows, num_tokens, max_pages, decode)
-    # Sampling rows (more than S when an n > 1 prompt completes) have their
-    # own bucket, so the expensive model program never depends on them; at
-    # least S of them, so that a sampler program serves a model bucket for
-    # any number of sampling rows up to S (padding rows are greedy, dropped).
-    r_pad = max(pow2(max(num_sample_rows, 1), 8), s)
     offs = ends - lens
     if decode:
         row_of = np.arange(n_rows)
@@ -163,28 +171,54 @@ def prepare(buckets: Buckets, rows, sample_rows: Sequence[SampleRow], prompt_lp:
     token_ids = np.zeros(t, np.int32)
     token_ids[:num_tokens] = flat
     src = np.full(t, -1, np.int32)
-    if token_src:  # placeholders: the previous step's sampled token of that row
-        src[ends - 1] = [token_src[r.request_id] if last < 0 else -1
-                         for r, last in zip(rows, last_l)]
+    if placeholder_src is not None:  # the previous step's sampled token of that row
+        src[ends - 1] = np.where(np.array(last_l) < 0, placeholder_src, -1)
     positions = np.zeros(t, np.int32)
     positions[:num_tokens] = pos
     slots = np.zeros(t, np.int32)
     kv_lens = np.zeros(s, np.int32)
     kv_lens[:n_rows] = starts + lens
-    if isinstance(tables, PageTables):
-        page_table = tables.gather(rows, p, s)
+    if isinstance(table, PageTable):
+        page_table = table.gather(table_rows, p, s)
         slots[:num_tokens] = page_table[row_of, pos // ps] * ps + pos % ps
-    else:  # hybrid KV groups
-        page_table = np.stack([tb.gather(rows, p, s, g) for g, tb in enumerate(tables)])
-        slots = np.zeros((len(tables), t), np.int32)
+    else:  # hybrid KV groups: page_table i32[G, S, P], slot_mapping i32[G, T]
+        page_table = np.stack([tb.gather(table_rows, p, s) for tb in table])
+        slots = np.zeros((len(table), t), np.int32)
         slots[:, :num_tokens] = page_table[:, row_of, pos // ps] * ps + pos % ps
     cu = np.zeros(s + 1, np.int32)
     cu[1:n_rows + 1] = ends
     cu[n_rows + 1:] = num_tokens
-    next_ids = np.zeros(t if prompt_lp else 0, np.int32)
-    # Speculative rows (num_spec proposals ending the row) also want the logits of
-    # the positions before each proposal: appended after the S last-token rows, row
-    # by row, the whole index padded to a power of two (>= S: no change without them).
+    mrope_positions = None
+    if mrope is not None:  # three rotary position rows (Qwen2.5-VL)
+        from pagedjax.worker.mrope import step_positions
+
+        mrope_positions = step_positions(rows, positions, offs, mrope)
+    meta = AttentionMetadata(
+        positions=positions, slot_mapping=slots, kv_lens=kv_lens, page_table=page_table,
+        cu_q_lens=cu, num_seqs=np.int32(n_rows), lora_slots=_token_lora(lora_slots, row_of, t),
+        mrope_positions=mrope_positions, max_q_len=1 if decode else None)
+    batch = BatchInputs(token_ids=token_ids, token_src=src, meta=meta,
+                        logits_index=_logits_index(rows, ends, s),
+                        prompt_next_ids=_prompt_next_ids(rows, cu, t, prompt_lp, prompt_tokens))
+    return batch, (t, s, p)
+
+
+def _token_lora(lora_slots, row_of, t):
+    """Per token LoRA slots (padding -1: no adapter), None when LoRA is off."""
+    if lora_slots is None:
+        return None
+    token_lora = np.full(t, -1, np.int32)
+    token_lora[:len(row_of)] = np.asarray(lora_slots, np.int32)[row_of]
+    return token_lora
+
+
+def _logits_index(rows, ends: np.ndarray, s: int) -> np.ndarray:
+    """Each row's last token; speculative rows (num_spec proposals ending the row)
+    also want the logits of the positions before each proposal: appended after the
+    S last-token rows, row by row, the whole index padded to a power of two (>= S:
+    no change without them)."""
+    n_rows = len(rows)
+    nspec_l = list(map(_num_spec, rows))
     total_spec = sum(nspec_l)
     logits_index = np.zeros(pow2(s + total_spec, s), np.int32)
     logits_index[:n_rows] = ends - 1
@@ -193,39 +227,69 @@ def prepare(buckets: Buckets, rows, sample_rows: Sequence[SampleRow], prompt_lp:
         spec_row = np.repeat(np.arange(n_rows), nspec)
         within = np.arange(total_spec) - np.repeat(np.cumsum(nspec) - nspec, nspec)
         logits_index[s:s + total_spec] = (ends - 1 - nspec)[spec_row] + within
-    sample_index = np.zeros(r_pad, np.int32)
-    sample_index[:num_sample_rows] = list(map(_row_index, sample_rows))
+    return logits_index
+
+
+def _prompt_next_ids(rows, cu: np.ndarray, t: int, prompt_lp, prompt_tokens) -> np.ndarray:
+    """i32[T] the next prompt token of each position of the rows wanting prompt
+    logprobs (i32[0] when none does)."""
+    next_ids = np.zeros(t if prompt_lp else 0, np.int32)
     if prompt_lp:
         for i, r in enumerate(rows):
             if r.request_id in prompt_lp:
                 start = int(cu[i])
-                full = prompt_tokens[r.request_id]
+                full = prompt_tokens(r.request_id)
                 for k in range(len(r.token_ids)):
                     nxt = r.start_pos + k + 1
                     next_ids[start + k] = full[nxt] if nxt < len(full) else 0
-    token_lora = None
-    if lora_slots is not None:  # per token, padding -1 (no adapter)
-        token_lora = np.full(t, -1, np.int32)
-        token_lora[:num_tokens] = np.asarray(lora_slots, np.int32)[row_of]
-    mrope_positions = None
-    if mrope is not None:  # three rotary position rows (Qwen2.5-VL)
-        from pagedjax.worker.mrope import step_positions
+    return next_ids
 
-        mrope_positions = step_positions(rows, positions, offs, mrope)
-    meta = AttentionMetadata(
-        positions=positions, slot_mapping=slots, kv_lens=kv_lens, page_table=page_table,
-        cu_q_lens=cu, num_seqs=np.int32(len(rows)), lora_slots=token_lora,
-        mrope_positions=mrope_positions, max_q_len=1 if decode else None)
-    batch = BatchInputs(token_ids=token_ids, token_src=src, meta=meta,
-                        logits_index=logits_index,
-                        prompt_next_ids=next_ids)
-    st = sampler_mod.build_sampling_tensors(
-        list(map(_state, sample_rows)), r_pad, vocab_size, max_model_len, columns)
+
+def explicit_table(rows, width: int, group: int = 0) -> tuple[PageTable, np.ndarray]:
+    """A page table holding ``rows``' whole page lists (rows built by hand, or
+    for a model with no persistent batch of its own), and each row's row in it.
+    ``group`` > 0: the rows' page lists of that KV group (``group_page_ids[group - 1]``;
+    a row without them, a warm-up row, gives its ``page_ids``)."""
+    table = PageTable(width, max(len(rows), 1))
+    for i, r in enumerate(rows):
+        table.set_row(i, group_pages_of(r, group), r.request_id)
+    return table, np.arange(len(rows), dtype=np.int64)
+
+
+def group_pages_of(row, group: int):
+    """A row's page list in KV group ``group`` (its ``page_ids`` for group 0, or when
+    it carries no group lists)."""
+    groups = getattr(row, "group_page_ids", None)
+    return row.page_ids if not group or groups is None else groups[group - 1]
+
+
+def prepare_explicit(buckets: Buckets, rows, sample_rows: Sequence[SampleRow],
+                     prompt_lp: dict[str, int], prompt_tokens: dict[str, list[int]] | None,
+                     placeholder_src_of: dict[str, int] | None, vocab_size: int,
+                     max_model_len: int, lora_slots=None, num_groups: int = 1, mrope=None):
+    """A step of rows built by hand, with explicit sampling rows (``SampleRow``):
+    warm-up, draft models, tests. ``placeholder_src_of``: request id -> where its
+    placeholder reads its token; ``num_groups``: KV groups (one page table each);
+    ``mrope``: see :func:`prepare`. Returns (BatchInputs, SamplingTensors,
+    sample_index, num_logprobs, prompt_k, (T, S, P))."""
+    width = buckets.p_buckets()[-1]
+    tables = [explicit_table(rows, width, g)[0] for g in range(num_groups)]
+    idx = np.arange(len(rows), dtype=np.int64)
+    table = tables[0] if num_groups == 1 else tables
+    src = None
+    if placeholder_src_of:
+        src = np.array([placeholder_src_of.get(r.request_id, -1) for r in rows], np.int32)
+    full = prompt_tokens or {}
+    batch, (t, s, p) = prepare(buckets, rows, idx, table, placeholder_src=src,
+                               prompt_lp=prompt_lp,
+                               prompt_tokens=full.__getitem__, lora_slots=lora_slots,
+                               mrope=mrope)
+    r_pad = sampling_rows_padded(len(sample_rows), s)
+    sample_index = np.zeros(r_pad, np.int32)
+    sample_index[:len(sample_rows)] = list(map(_row_index, sample_rows))
+    st = sampler_mod.build_sampling_tensors(list(map(_state, sample_rows)), r_pad, vocab_size,
+                                            max_model_len)
     wanted = [n for n in map(_num_logprobs, sample_rows) if n is not None]
-    num_logprobs = None
-    if wanted:
-        num_logprobs = next(b for b in LOGPROB_BUCKETS if b >= max(wanted))
-    prompt_k = None
-    if prompt_lp:
-        prompt_k = next(b for b in LOGPROB_BUCKETS if b >= max(prompt_lp.values()))
+    num_logprobs = logprob_bucket(max(wanted)) if wanted else None
+    prompt_k = logprob_bucket(max(prompt_lp.values())) if prompt_lp else None
     return batch, st, sample_index, num_logprobs, prompt_k, (t, s, p)

@@ -28,6 +28,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Callable
 
+from pagedjax.worker import programs
 from pagedjax.worker.inputs import LOGPROB_BUCKETS, Buckets, SampleRow, pow2
 from pagedjax.sample.sampler import RowState, build_sampling_tensors
 from pagedjax.sampling_params import SamplingParams
@@ -146,7 +147,7 @@ def _jobs(runner, shapes) -> tuple[dict[tuple, Callable[[], object]], dict[tuple
             continue
         srows = [SampleRow(r.request_id, i, RowState(greedy, [0], []), None)
                  for i, r in enumerate(rows)]
-        key, job = runner.model_compile_job(rows, srows)
+        key, job = programs.model_compile_job(runner, rows, srows)
         jobs.setdefault(key, job)
         sizes.setdefault(key, (t * p, s))
     for s, r in sampler_rows(runner.max_num_seqs):
@@ -155,10 +156,10 @@ def _jobs(runner, shapes) -> tuple[dict[tuple, Callable[[], object]], dict[tuple
             st = build_sampling_tensors([RowState(params, [0], [])], r, runner.vocab_size,
                                         runner.max_model_len)
             num_logprobs = None if lp is None else next(b for b in LOGPROB_BUCKETS if b >= lp)
-            key, job = runner.sampler_compile_job(s, st, num_logprobs)
+            key, job = programs.sampler_compile_job(runner, s, st, num_logprobs)
             jobs.setdefault(key, job)
     for r in row_buckets(runner.max_num_seqs):  # copy-on-write page copies (n > 1, beams)
-        key, job = runner.copy_compile_job(r)
+        key, job = programs.copy_compile_job(runner, r)
         jobs.setdefault(key, job)
     images = getattr(runner, "images", None)
     if images is not None:  # vision-language: the encoder per patch bucket, the row gathers

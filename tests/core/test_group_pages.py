@@ -60,12 +60,29 @@ class GroupHarness:
         self.rng = random.Random(seed)
         self.windows = sched.groups.windows
         self.max_sliding_held = 0
+        self.lists: dict[str, list[list[int]]] = {}  # id -> each group's list, from the rows
 
     def tables(self, row):
         return [row.page_ids] + list(row.group_page_ids)
 
+    def check_changes(self, out):
+        """Each row's page change of every group (page_start / new_page_ids, then
+        group_page_starts / group_new_page_ids: scheduler_output.py), applied to the
+        lists the earlier rows built, gives the row's tables: what the worker's
+        persistent batch holds."""
+        for row in out.rows:
+            known = self.lists.get(row.request_id) or [[] for _ in self.windows]
+            starts = [row.page_start, *row.group_page_starts]
+            news = [row.new_page_ids, *row.group_new_page_ids]
+            for g, (start, new) in enumerate(zip(starts, news)):
+                assert start <= len(known[g]), "page_start past the pages sent so far"
+                known[g] = known[g][:start] + list(new)
+            assert known == self.tables(row), "page changes do not give the row's tables"
+            self.lists[row.request_id] = known
+
     def run_model(self, out):
         s = self.s
+        self.check_changes(out)
         snapshot = {src: list(self.mem.get(src, [None] * PS)) for src, _ in out.page_copies}
         for src, dst in out.page_copies:
             self.mem[dst] = list(snapshot[src])

@@ -27,16 +27,16 @@ class Harness:
         self.sampler = sampler or (lambda rid, pos, i: 1000 + (hash((rid, pos, i)) % 50))
         self.outputs: list[SchedulerOutput] = []
         self.finished: dict[str, Request] = {}
-        self.lists: dict[str, tuple[list, list]] = {}  # id -> (row's page list, its copy)
+        self.lists: dict[str, list[int]] = {}  # id -> its page list, from the rows' changes
 
     def check_list_contract(self, out: SchedulerOutput) -> None:
-        """A row's page list only grew in place since the request's last row
-        (scheduler_output.py): any other edit gave the request a new list."""
+        """Each row's page change (page_start, new_page_ids: scheduler_output.py),
+        applied to the list the earlier rows built, gives the row's page list."""
         for row in out.rows:
-            seen = self.lists.get(row.request_id)
-            if seen is not None and seen[0] is row.page_ids:
-                assert row.page_ids[:len(seen[1])] == seen[1], "page list edited in place"
-            self.lists[row.request_id] = (row.page_ids, list(row.page_ids))
+            known = self.lists.get(row.request_id, [])
+            assert row.page_start <= len(known), "page_start past the pages sent so far"
+            known = self.lists[row.request_id] = known[:row.page_start] + list(row.new_page_ids)
+            assert known == row.page_ids, "page change does not give the row's pages"
 
     def run_model(self, out: SchedulerOutput) -> dict[str, list[int]]:
         s, ps = self.s, self.s.page_size

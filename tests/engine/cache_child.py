@@ -15,7 +15,7 @@ import sys
 def main(model: str, tokenizer: str, cache: str, max_num_seqs: int) -> dict:
     from pagedjax import LLM, SamplingParams
     from pagedjax.worker import program_store
-    from pagedjax.worker.runner import CompileCounter
+    from pagedjax.worker.plan import CompileCounter
 
     CompileCounter.install()
     llm = LLM(model, tokenizer=tokenizer, compilation_cache_dir=cache, max_model_len=64,

@@ -45,8 +45,8 @@ def _run(tok, columns: bool):
                 continue
             last = step == len(ids) - 1
             if columns and not last:
-                core.plain_request_ids.append(name)
-                core.plain_token_ids.append(ids[step])
+                core.token_request_ids.append(name)
+                core.token_ids.append(ids[step])
             else:
                 core.updates.append(SeqUpdate(name, name, 0, [ids[step]],
                                               finish_reason="length" if last else None))

@@ -59,9 +59,11 @@ def test_embed_prefix_cache_and_mixed_batch(llm, qwen3_dir, monkeypatch):
     sampled_ids: list[str] = []
     launch = runner.launch
 
-    def recording_launch(rows, sample_rows, *args, **kw):
-        sampled_ids.extend(r.request_id for r in sample_rows)
-        return launch(rows, sample_rows, *args, **kw)
+    def recording_launch(rows, *args, **kw):
+        # the step's sampling rows: each row that samples, then the forks of n > 1 prompts
+        sampled_ids.extend(r.request_id for r in rows if r.num_samples)
+        sampled_ids.extend(rows[i].request_id for i, _ in kw.get("forks", ()))
+        return launch(rows, *args, **kw)
 
     monkeypatch.setattr(runner, "launch", recording_launch)
     eng.add_request("g", "the old house", gen)

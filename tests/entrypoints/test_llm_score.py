@@ -27,9 +27,11 @@ def test_score_matches_transformers(qwen3_dir, monkeypatch):
     sampled: list[str] = []
     launch = runner.launch
 
-    def recording_launch(rows, sample_rows, *args, **kw):
-        sampled.extend(r.request_id for r in sample_rows)
-        return launch(rows, sample_rows, *args, **kw)
+    def recording_launch(rows, *args, **kw):
+        # the step's sampling rows: each row that samples, then the forks of n > 1 prompts
+        sampled.extend(r.request_id for r in rows if r.num_samples)
+        sampled.extend(rows[i].request_id for i, _ in kw.get("forks", ()))
+        return launch(rows, *args, **kw)
 
     monkeypatch.setattr(runner, "launch", recording_launch)
     outs = llm.score(QUERY, DOCS, use_tqdm=False)

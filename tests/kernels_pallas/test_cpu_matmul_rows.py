@@ -103,7 +103,7 @@ def test_real_measurement_gives_a_candidate_and_is_cached(tmp_path, monkeypatch)
 
 def _plan_rows(env: dict) -> list[int]:
     """make_plan's matmul row limits in a fresh process: cpu_native twice, then xla."""
-    code = ("from pagedjax.worker.runner import make_plan\n"
+    code = ("from pagedjax.worker.plan import make_plan\n"
             "print(make_plan('cpu_native').native_matmul_rows, make_plan('cpu_native')"
             ".native_matmul_rows, make_plan('xla').native_matmul_rows)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

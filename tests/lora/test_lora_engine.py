@@ -18,7 +18,7 @@ pytest.importorskip("peft")
 
 from pagedjax import LLM, LoRARequest, SamplingParams  # noqa: E402
 from pagedjax.core.request import RequestStatus  # noqa: E402
-from pagedjax.worker.runner import CompileCounter  # noqa: E402
+from pagedjax.worker.plan import CompileCounter  # noqa: E402
 from tests.utils.lora import make_adapter, tiny_hf_model  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)

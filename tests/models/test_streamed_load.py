@@ -8,7 +8,7 @@ import numpy as np
 
 import pagedjax.models as models
 from pagedjax.models import weights
-from pagedjax.worker.runner import CompileCounter
+from pagedjax.worker.plan import CompileCounter
 
 
 def test_each_tensor_is_placed_before_the_next_is_read(tiny_llama_dir):

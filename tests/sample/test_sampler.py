@@ -228,35 +228,3 @@ def test_placeholders_count_as_outputs():
     assert known.counter[0] == 3 and short.counter[0] == 2
     assert not known.use_edits and not pending.use_edits  # 3 outputs: min_tokens met
     assert short.use_edits and 0 in short.edit_ids[1].tolist()  # 2 outputs: stop id banned
-
-
-def test_static_columns_are_reused_only_for_the_same_rows():
-    """StaticColumns hands the previous build's columns to a build whose rows' static
-    tuples are the same, and rebuilds when a row, the padding or the order changes;
-    every build equals the uncached one."""
-    from pagedjax.sample.metadata import StaticColumns, static_row
-
-    params = [SP(temperature=0.8, top_p=0.9, seed=1), SP(temperature=0.0),
-              SP(temperature=1.2, top_k=5, min_p=0.1, seed=7)]
-    statics = [static_row(p, 3) for p in params]
-    cols = StaticColumns()
-
-    def build(order, R, counts=(0, 0, 0)):
-        rows = [RowState(params[i], [1, 2], [4] * counts[i], fallback_seed=3,
-                         static=statics[i]) for i in order]
-        cached = build_sampling_tensors(rows, R, V, 16, cols)
-        plain = build_sampling_tensors(rows, R, V, 16)
-        for name in ("temperature", "greedy", "top_k", "top_p", "min_p", "key_data", "counter"):
-            np.testing.assert_array_equal(getattr(cached, name), getattr(plain, name), name)
-        assert (cached.use_top_k_p, cached.use_min_p) == (plain.use_top_k_p, plain.use_min_p)
-        return cached
-
-    a = build([0, 1, 2], 8)
-    b = build([0, 1, 2], 8, counts=(1, 1, 1))  # a decode step: same rows, new counters
-    assert b.top_p is a.top_p and b.counter[0] == 1
-    assert build([0, 2, 1], 8).top_k is not a.top_k  # another order
-    assert build([0, 2, 1], 16).top_k.shape == (16,)  # another padding
-    c = build([0, 1], 8)  # a row left
-    assert c.top_k is not a.top_k and not c.use_min_p
-    with pytest.raises(ValueError):
-        c.top_p[0] = 0.5  # the shared columns are read-only

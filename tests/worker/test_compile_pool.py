@@ -12,7 +12,7 @@ import pytest
 from pagedjax import LLM, SamplingParams
 from pagedjax.worker import warmup
 from pagedjax.worker.compile_pool import CompilePool
-from pagedjax.worker.runner import CompileCounter
+from pagedjax.worker.plan import CompileCounter
 
 KW = dict(max_model_len=64, max_num_seqs=4, max_num_batched_tokens=32, num_pages=24,
           page_size=16)

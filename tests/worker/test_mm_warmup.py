@@ -11,7 +11,7 @@ import pytest
 
 from pagedjax import LLM, SamplingParams
 from pagedjax.worker import warmup
-from pagedjax.worker.runner import CompileCounter
+from pagedjax.worker.plan import CompileCounter
 from tests.utils import qwen_vl as Q
 from tests.utils import vlm
 

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from pagedjax import LLM, SamplingParams
-from pagedjax.worker.runner import CompileCounter, Runner
+from pagedjax.worker.plan import CompileCounter
+from pagedjax.worker.runner import Runner
 from pagedjax.models.base import ExecutionPlan
 
 
@@ -153,50 +154,6 @@ def test_prepare_matches_row_by_row_reference(seed):
     for k, v in ref.items():
         np.testing.assert_array_equal(got[k], v, err_msg=k)
     assert int(batch.meta.num_seqs) == len(rows)
-
-
-@pytest.mark.parametrize("shared_lists", [False, True])
-@pytest.mark.parametrize("seed", range(3))
-def test_page_tables_kept_between_steps_match_the_rows(seed, shared_lists):
-    """Over many steps of growing, copied-on-write, shrinking, new and departing
-    sequences (more than the slots hold), the kept page table equals the rows'.
-    ``shared_lists``: the rows hold the sequences' own lists, as the scheduler's
-    do, edited under its contract (grown in place, any other edit a new list);
-    else each step's rows hold fresh copies."""
-    from pagedjax.worker.page_table import PageTables
-    from pagedjax.core.scheduler import ScheduledRow
-
-    rng = random.Random(seed)
-    tables = PageTables(width=16, capacity=10)
-    live: dict[str, list[int]] = {}
-    counter = 0
-    for _ in range(200):
-        if len(live) < 8 and rng.random() < 0.3:
-            live[f"s{counter}"] = [rng.randint(1, 99) for _ in range(rng.randint(1, 4))]
-            counter += 1
-        for rid in list(live):
-            pages, u = live[rid], rng.random()
-            if shared_lists and 0.15 <= u < 0.23:
-                pages = live[rid] = list(pages)  # the edits below give a new list
-            if u < 0.15 and len(pages) < 16:
-                pages.append(rng.randint(1, 99))  # a new page
-            elif u < 0.2:
-                pages[rng.randrange(len(pages))] = rng.randint(1, 99)  # copy-on-write
-            elif u < 0.23 and len(pages) > 1:
-                del pages[rng.randint(1, len(pages) - 1):]  # rollback
-            elif u < 0.26:
-                live[rid] = [rng.randint(1, 99)]  # preempted and readmitted
-            elif u < 0.3:
-                del live[rid]  # finished
-        ids = [r for r in live if rng.random() < 0.8]
-        rows = [ScheduledRow(r, [0], 0, live[r] if shared_lists else list(live[r]), 1)
-                for r in ids]
-        s, p = 16, rng.choice([8, 16])
-        got = tables.gather(rows, p, s)
-        want = np.zeros((s, p), np.int32)
-        for i, r in enumerate(rows):
-            want[i, :min(p, len(r.page_ids))] = r.page_ids[:p]
-        np.testing.assert_array_equal(got, want)
 
 
 def test_pack_unpack_round_trip_inside_jit():

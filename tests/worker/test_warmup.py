@@ -17,7 +17,7 @@ import pytest
 from pagedjax import LLM, SamplingParams
 from pagedjax.sample import sampler
 from pagedjax.worker import warmup
-from pagedjax.worker.runner import CompileCounter
+from pagedjax.worker.plan import CompileCounter
 
 KW = dict(max_model_len=128, max_num_seqs=8, max_num_batched_tokens=64, num_pages=40,
           page_size=16)
