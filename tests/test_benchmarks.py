@@ -239,7 +239,6 @@ def test_host_overhead_smoke(smollm2_gguf, tmp_path):
     phases = cell["phase_ms"]  # every host phase was wrapped and ran inside the steps
     assert set(phases) == {"schedule", "prepare", "sampling_tensors", "update", "process"}
     assert all(v > 0 for v in phases.values())
-    assert phases["sampling_tensors"] <= phases["prepare"]  # a part of it
     assert sum(phases.values()) - phases["sampling_tensors"] <= cell["step_ms_median"] * 1.5
     # the collector's time is counted exactly when it collected (per process, so in the
     # medians too)

@@ -69,7 +69,7 @@ def instrument_phases(engine, patches: Patches) -> dict:
     targets = [("schedule", engine.scheduler, "schedule"), ("prepare", engine.runner, "prepare"),
                ("prepare", engine.runner, "prepare_step"),
                ("sampling_tensors", sampler, "build_sampling_tensors"),
-               ("sampling_tensors", batch, "sampling_tensors"),
+               ("sampling_tensors", batch, "step_sampling"),
                ("update", engine.scheduler, "update"),
                ("process", getattr(engine, "processor", None), "process")]
     for key, obj, name in targets:

@@ -157,11 +157,11 @@ def weight_quantization(args, resolved) -> str | None:
 
     ``args.quantization`` when set ("none": float weights, GGUF blocks and published
     quantized checkpoints dequantized at load). Unset: a published FP8 / AWQ / GPTQ
-    checkpoint keeps its quantization (its method); a GGUF file on the CPU (one device, the C++ backend) keeps its blocks
-    ("gguf", multiplied by the C++ block kernel) where that kernel beats float32
-    weights at every row count on this machine (measured once,
-    worker.runner.quant_kernel_choice),
-    else float weights. The engine logs which."""
+    checkpoint keeps its quantization (its method); a GGUF file on the CPU (one
+    device, the C++ backend) keeps its blocks ("gguf", multiplied by the C++ block
+    kernel) where that kernel beats float32 weights at every row count on this
+    machine (measured once, worker.kernel_limits.quant_kernel_choice), else float
+    weights. The engine logs which."""
     q = args.quantization
     if q is not None:
         return q
