@@ -108,3 +108,21 @@ async def _merge(streams: list[RequestStream]):
     finally:
         for t in pending:
             t.cancel()
+
+
+async def pooled_outputs(llm: AsyncLLM, base_id: str, raw_request, prompts: list[dict],
+                         params: SamplingParams, lora_request=None) -> list:
+    """Run prefill-only (pooling) ``prompts`` as one job and return their final
+    outputs in prompt order, each with ``prompt_hidden_states``; an abort before
+    every prompt finished is an OpenAIError."""
+    job = Job(llm, base_id, raw_request)
+    await job.start(prompts, params, watch_disconnect=True, lora_request=lora_request)
+    try:
+        finals = {i: out async for i, out in job.outputs()}
+    finally:
+        job.close()
+    if len(finals) < len(prompts) or any(o.prompt_hidden_states is None
+                                         for o in finals.values()):
+        raise OpenAIError("the request was aborted before it finished.", 500,
+                          type="server_error")
+    return [finals[i] for i in range(len(prompts))]

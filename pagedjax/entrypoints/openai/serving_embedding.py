@@ -17,7 +17,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from pagedjax.entrypoints.openai.errors import OpenAIError
-from pagedjax.entrypoints.openai.jobs import Job
+from pagedjax.entrypoints.openai.jobs import pooled_outputs
 from pagedjax.entrypoints.openai.protocol import MAX_STRING_LIST, Text, TokenId, random_id
 from pagedjax.entrypoints.pooling import check_pooling, pool, pooling_params
 
@@ -78,17 +78,8 @@ class EmbeddingServing:
                                   param="input")
             s.check_prompt_length(len(ids), "input")
             prompts.append({"prompt_token_ids": ids})
-        job = Job(s.llm, random_id("embd"), raw_request)
-        await job.start(prompts, pooling_params(self.pooling), watch_disconnect=True,
-                        lora_request=s.lora_of(model))
-        try:
-            finals = {i: out async for i, out in job.outputs()}
-        finally:
-            job.close()
-        if len(finals) < len(prompts) or any(o.prompt_hidden_states is None
-                                             for o in finals.values()):
-            raise OpenAIError("the request was aborted before it finished.", 500,
-                              type="server_error")
+        finals = await pooled_outputs(s.llm, random_id("embd"), raw_request, prompts,
+                                      pooling_params(self.pooling), s.lora_of(model))
         data = []
         for i in range(len(prompts)):
             v = pool(finals[i].prompt_hidden_states, self.pooling, True, req.dimensions)

@@ -16,7 +16,7 @@ from typing import Annotated, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 from pagedjax.entrypoints.openai.errors import OpenAIError
-from pagedjax.entrypoints.openai.jobs import Job
+from pagedjax.entrypoints.openai.jobs import pooled_outputs
 from pagedjax.entrypoints.openai.protocol import Text, now, random_id
 from pagedjax.entrypoints.scoring import YesNoScorer, pairs_of
 
@@ -91,18 +91,8 @@ class ScoreServing:
         for p in ids:
             self.serving.check_prompt_length(len(p))
         prompts = [{"prompt_token_ids": p} for p in ids]
-        job = Job(llm, random_id("score"), raw_request)
-        await job.start(prompts, sc.params(), watch_disconnect=True,
-                        lora_request=self.serving.lora_of(model))
-        try:
-            finals = {i: out async for i, out in job.outputs()}
-        finally:
-            job.close()
-        if len(finals) < len(ids) or any(o.prompt_hidden_states is None
-                                         for o in finals.values()):
-            raise OpenAIError("the request was aborted before it finished.", 500,
-                              type="server_error")
-        outs = [finals[i] for i in range(len(ids))]
+        outs = await pooled_outputs(llm, random_id("score"), raw_request, prompts, sc.params(),
+                                    self.serving.lora_of(model))
         scores = await llm.run_in_worker(sc.scores, outs, llm.engine.logits_of)
         return scores, sum(len(p) for p in ids)
 
