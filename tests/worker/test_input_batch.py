@@ -107,6 +107,33 @@ def test_page_table_refuses_a_missed_change_and_an_overflow():
     assert table.table[0].tolist() == [5, 0, 0, 0] and table.num_pages[0] == 1
 
 
+def _drive(sched, batch, rng, steps: int, check) -> list:
+    """Run ``sched`` to the end, adding each new sequence to ``batch``, applying each
+    step's page changes and calling ``check(rows, idx)``; returns the requests the
+    updates yielded (forks and finished ones)."""
+    seen = []
+    for _ in range(steps):
+        out = sched.schedule()
+        if out.is_empty and not sched.has_unfinished_requests():
+            break
+        for r in out.rows:
+            if r.request_id not in batch:
+                req = sched.get_request(r.request_id)
+                add(batch, r.request_id, prompt=req.prompt_token_ids,
+                    outputs=req.output_token_ids)
+        idx = batch.rows_of([r.request_id for r in out.rows])
+        batch.apply_page_changes(out.rows, idx)
+        check(out.rows, idx)
+        sampled = {r.request_id: [rng.randint(0, 50) for _ in range(r.num_samples)]
+                   for r in out.rows if r.num_samples}
+        for req in sched.update(out, sampled):
+            seen.append(req)
+            if req.is_finished:
+                batch.remove(req.request_id)
+    assert not sched.has_unfinished_requests() and sched.num_preemptions > 0
+    return seen
+
+
 def test_scheduler_rows_drive_the_batch_through_preemption_prefix_caching_and_forks():
     """A real Scheduler over a small pool (preemption), with prefix caching (shared
     pages copied on write) and n > 1 forks: applying each step's explicit page
@@ -120,28 +147,13 @@ def test_scheduler_rows_drive_the_batch_through_preemption_prefix_caching_and_fo
         n = 3 if i % 4 == 0 else 1
         params = SamplingParams(max_tokens=rng.randint(3, 12), n=n, ignore_eos=True)
         sched.add_request(Request(f"r{i}", shared + [i] * rng.randint(1, 6), params))
-    forks_seen = 0
-    for _ in range(200):
-        out = sched.schedule()
-        if out.is_empty and not sched.has_unfinished_requests():
-            break
-        for r in out.rows:
-            if r.request_id not in batch:
-                req = sched.get_request(r.request_id)
-                add(batch, r.request_id, prompt=req.prompt_token_ids,
-                    outputs=req.output_token_ids)
-        idx = batch.rows_of([r.request_id for r in out.rows])
-        batch.apply_page_changes(out.rows, idx)
-        for i, r in enumerate(out.rows):
+    def check(rows, idx):
+        for i, r in enumerate(rows):
             n = int(batch.page_table.num_pages[idx[i]])
             assert batch.page_table.table[idx[i], :n].tolist() == r.page_ids
-        sampled = {r.request_id: [rng.randint(0, 50) for _ in range(r.num_samples)]
-                   for r in out.rows if r.num_samples}
-        for req in sched.update(out, sampled):
-            forks_seen += req.parent_id is not None and req.sample_index > 0
-            if req.is_finished:
-                batch.remove(req.request_id)
-    assert not sched.has_unfinished_requests() and sched.num_preemptions > 0
+
+    seen = _drive(sched, batch, rng, 200, check)
+    forks_seen = sum(req.parent_id is not None and req.sample_index > 0 for req in seen)
     assert forks_seen >= 4
 
 
@@ -163,29 +175,17 @@ def test_hybrid_kv_groups_keep_one_table_each_with_the_window_nulled():
         params = SamplingParams(max_tokens=rng.randint(8, 30), n=n, ignore_eos=True)
         sched.add_request(Request(f"r{i}", shared + [i] * rng.randint(1, 6), params))
     nulls = 0
-    for _ in range(400):
-        out = sched.schedule()
-        if out.is_empty and not sched.has_unfinished_requests():
-            break
-        for r in out.rows:
-            if r.request_id not in batch:
-                req = sched.get_request(r.request_id)
-                add(batch, r.request_id, prompt=req.prompt_token_ids,
-                    outputs=req.output_token_ids)
-        idx = batch.rows_of([r.request_id for r in out.rows])
-        batch.apply_page_changes(out.rows, idx)
-        for i, r in enumerate(out.rows):
+
+    def check(rows, idx):
+        nonlocal nulls
+        for i, r in enumerate(rows):
             for g, table in enumerate(batch.page_tables):
                 want = r.page_ids if g == 0 else r.group_page_ids[g - 1]
                 n = int(table.num_pages[idx[i]])
                 assert table.table[idx[i], :n].tolist() == list(want), (r.request_id, g)
                 nulls += want.count(0)
-        sampled = {r.request_id: [rng.randint(0, 50) for _ in range(r.num_samples)]
-                   for r in out.rows if r.num_samples}
-        for req in sched.update(out, sampled):
-            if req.is_finished:
-                batch.remove(req.request_id)
-    assert not sched.has_unfinished_requests() and sched.num_preemptions > 0
+
+    _drive(sched, batch, rng, 400, check)
     assert nulls > 0  # the sliding groups gave pages back
 
 
