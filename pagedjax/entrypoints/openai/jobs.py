@@ -3,7 +3,9 @@
 A completions request may carry several prompts; each becomes one engine
 request (``<id>.<i>``) with its own stream, merged here into ``(prompt index,
 RequestOutput)`` pairs. Engine failures become OpenAI errors: a failed step is
-a 500, an engine that is gone (died or shutting down) a 503. A non-streaming
+a 500, an engine that is gone (died or shutting down) a 503, and so is a
+request the engine aborted before its first output (``aborted_error``: nothing
+was wrong with the request, sending it again may succeed). A non-streaming
 client that disconnects has its requests aborted (``ClientDisconnected``);
 streaming responses are closed by Starlette on disconnect, which closes the job.
 """
@@ -27,6 +29,13 @@ def engine_error(e: BaseException) -> OpenAIError:
     if isinstance(e, EngineDeadError):
         return OpenAIError(str(e), 503, type="server_error", code="service_unavailable")
     return OpenAIError(str(e), 500, type="server_error")
+
+
+def aborted_error() -> OpenAIError:
+    """A request whose stream ended without a final output: the engine aborted it."""
+    return OpenAIError("the engine aborted the request before it finished (it was cancelled "
+                       "or the server is stopping); send it again.", 503,
+                       type="server_error", code="service_unavailable")
 
 
 class Job:
@@ -83,6 +92,17 @@ class Job:
         if self.disconnected:
             raise ClientDisconnected()
 
+    async def final_outputs(self) -> dict[int, object]:
+        """Every prompt's final output by prompt index, then close the job; a
+        prompt that ended without one raises :func:`aborted_error`."""
+        try:
+            finals = {i: out async for i, out in self.outputs()}
+        finally:
+            self.close()
+        if len(finals) < len(self.streams):
+            raise aborted_error()
+        return finals
+
     def close(self) -> None:
         if self._watch is not None and self._watch is not asyncio.current_task():
             self._watch.cancel()
@@ -113,16 +133,10 @@ async def _merge(streams: list[RequestStream]):
 async def pooled_outputs(llm: AsyncLLM, base_id: str, raw_request, prompts: list[dict],
                          params: SamplingParams, lora_request=None) -> list:
     """Run prefill-only (pooling) ``prompts`` as one job and return their final
-    outputs in prompt order, each with ``prompt_hidden_states``; an abort before
-    every prompt finished is an OpenAIError."""
+    outputs in prompt order, each with ``prompt_hidden_states``."""
     job = Job(llm, base_id, raw_request)
     await job.start(prompts, params, watch_disconnect=True, lora_request=lora_request)
-    try:
-        finals = {i: out async for i, out in job.outputs()}
-    finally:
-        job.close()
-    if len(finals) < len(prompts) or any(o.prompt_hidden_states is None
-                                         for o in finals.values()):
-        raise OpenAIError("the request was aborted before it finished.", 500,
-                          type="server_error")
+    finals = await job.final_outputs()
+    if any(o.prompt_hidden_states is None for o in finals.values()):
+        raise aborted_error()  # aborted after a partial prefill
     return [finals[i] for i in range(len(prompts))]

@@ -190,13 +190,7 @@ class OpenAIServing:
         meta = dict(id=job.base_id, created=now(), model=model)
         if req.stream:
             return self._completion_stream(job, req, toks, meta)
-        try:
-            finals = {i: out async for i, out in job.outputs()}
-        finally:
-            job.close()
-        if len(finals) < len(toks):
-            raise OpenAIError("the request was aborted before it finished.", 500,
-                              type="server_error")
+        finals = await job.final_outputs()
         return self._completion_body(req, toks, finals, meta)
 
     def _completion_body(self, req, toks, finals, meta) -> dict:
@@ -343,15 +337,7 @@ class OpenAIServing:
         meta = dict(id=job.base_id, created=now(), model=model)
         if req.stream:
             return self._chat_stream(job, req, plen, meta, k, plan, reasoning)
-        try:
-            final = None
-            async for _, out in job.outputs():
-                final = out
-        finally:
-            job.close()
-        if final is None:
-            raise OpenAIError("the request was aborted before it finished.", 500,
-                              type="server_error")
+        final = (await job.final_outputs())[0]
         choices = []
         for o in final.outputs:
             if (err := fmt.generation_error(o)) is not None:
