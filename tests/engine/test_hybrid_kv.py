@@ -146,3 +146,23 @@ def test_capacity_grows_and_is_logged(tiny_gemma, caplog):
     assert u["pages_per_request"] == 40
     assert h["max_concurrency"] > 1.5 * u["max_concurrency"]
     assert "maximum concurrency for 160 tokens per request" in caplog.text
+
+
+def test_warmup_covers_every_hybrid_step(tiny_gemma):
+    """With one page table per KV group, warm-up builds the same [group, row, page]
+    tables the steps use: after it, decodes past the window, prefix hits and forks
+    compile nothing."""
+    from pagedjax.worker.plan import CompileCounter
+
+    hf, folder = tiny_gemma
+    llm = make_llm(folder)
+    llm.llm_engine.runner.warmup(progress=False, workers=1)
+    c0 = CompileCounter.count
+    base = prompt(8, 30)
+    llm.generate([{"prompt_token_ids": base + [11]}], greedy(24), use_tqdm=False)
+    prompts = [base + [12, 13], prompt(9, 45)]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        [greedy(24, n=2), greedy(24)], use_tqdm=False)
+    assert CompileCounter.count - c0 == 0, repr(llm.llm_engine.runner.shapes_seen)
+    assert outs[0].num_cached_tokens == 28 and len(outs[0].outputs) == 2
+    assert list(outs[1].outputs[0].token_ids) == hf_greedy(hf, prompts[1], 24)
