@@ -87,7 +87,9 @@ def _jax_cache_hit(event: str, **_: Any) -> None:
         _thread.jax_hits = getattr(_thread, "jax_hits", 0) + 1
 
 
-_ELF = b"\x7fELF"  # the start of every object file XLA:CPU keeps in an executable
+# The start of every object file XLA:CPU keeps in an executable: the ELF magic,
+# then 64-bit (class 2), little-endian (data 1), version 1.
+_ELF = b"\x7fELF\x02\x01\x01"
 
 
 def carries_code(payload: bytes) -> bool:
