@@ -139,11 +139,17 @@ def allocate_kv_pages(
     num_kv_heads: int,
     head_dim: int,
     dtype,
+    zeros=None,
 ) -> tuple[tuple[jax.Array, jax.Array | None], ...]:
-    """One zero-filled (pages, scales) pair per layer."""
+    """One zero-filled (pages, scales) pair per layer. ``zeros``: makes the page
+    arrays from a list of ``(shape, dtype)`` (``cpu.zero_pages.zeros`` zeroes them
+    without writing them); default ``jnp.zeros`` each."""
+    shape = (num_pages, 2, num_kv_heads, page_size, head_dim)
+    if zeros is None:
+        zeros = lambda specs: [jnp.zeros(s, d) for s, d in specs]  # noqa: E731
+    all_pages = zeros([(shape, dtype)] * num_layers)
     out = []
-    for _ in range(num_layers):
-        pages = jnp.zeros((num_pages, 2, num_kv_heads, page_size, head_dim), dtype)
+    for pages in all_pages:
         scales = (
             jnp.ones((num_pages, 2, num_kv_heads, page_size), jnp.float32)
             if is_quantized(dtype)

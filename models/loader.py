@@ -9,7 +9,8 @@ serves both formats. No torch anywhere.
   header, raw little-endian data); ``bfloat16`` and ``float8`` come from
   ``ml_dtypes``. Single files and sharded ``model.safetensors.index.json``.
 * GGUF headers are read by ``gguf_file.GGUFFile``; tensors are dequantized
-  with ``gguf.quants.dequantize`` on demand;
+  on demand (``gguf_dequant.dequantize``: Q4_0, Q4_1 and Q8_0 in whole-tensor
+  numpy passes, the other types by ``gguf.quants.dequantize``);
   llama.cpp's rotary permutation of Llama q/k weights is undone; the config is
   rebuilt from the GGUF metadata.
 """
@@ -345,6 +346,8 @@ def _gemma3_config(reader, config: dict) -> None:
 def open_gguf(path: str) -> Checkpoint:
     import gguf
 
+    from pagedjax.models import gguf_dequant
+
     reader = gguf_reader(path)
     config = gguf_config(reader, path)
     tensors = {t.name: t for t in reader.tensors}
@@ -380,7 +383,7 @@ def open_gguf(path: str) -> Checkpoint:
     @functools.lru_cache(maxsize=3)  # a layer's gate, up and down stacks, while read
     def stacked(gname: str) -> np.ndarray:
         t = tensors[gname]
-        w = gguf.quants.dequantize(t.data, gguf.GGMLQuantizationType(t.tensor_type))
+        w = gguf_dequant.dequantize(t.data, t.tensor_type)
         return np.asarray(w, np.float32).reshape(tuple(int(n) for n in reversed(t.shape)))
 
     def get(name: str) -> np.ndarray:
@@ -395,7 +398,7 @@ def open_gguf(path: str) -> Checkpoint:
         expert = _EXPERT_RE.fullmatch(name)
         if expert:  # one expert of a stacked [E, rows, n] tensor (dequantized once)
             return stacked(gname)[int(expert[2])]
-        w = np.asarray(gguf.quants.dequantize(t.data, qtype), dtype=np.float32)
+        w = gguf_dequant.dequantize(t.data, qtype)
         w = unpermute(name, w.reshape(tuple(int(n) for n in reversed(t.shape))))
         if arch == "gemma3" and name.endswith("norm.weight"):
             w = w - 1.0  # llama.cpp stores Gemma's (1 + w) norm scales with the 1 added

@@ -136,9 +136,12 @@ class CausalLM:
         dtype = self.dtype if kv_cache_dtype in (None, "auto") else kv_cache_dtype
         if isinstance(dtype, str):
             dtype = kernels_pallas.KV_CACHE_DTYPES.get(dtype) or jnp.dtype(dtype)
+        from pagedjax.kernels_pallas.cpu import zero_pages  # zeroed without writing (CPU)
+
         info = self.info
         return kernels_pallas.allocate_kv_pages(
-            num_arrays or info.num_layers, num_pages, page_size, info.num_kv_heads, info.head_dim, dtype)
+            num_arrays or info.num_layers, num_pages, page_size, info.num_kv_heads, info.head_dim,
+            dtype, zeros=zero_pages.zeros)
 
     # -- weights ---------------------------------------------------------------------
 

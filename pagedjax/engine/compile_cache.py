@@ -113,9 +113,8 @@ def enable(root: str | None = None) -> str | None:
     _active = path
     from pagedjax.worker import program_store
 
-    # Whole programs on disk (program_store.py) skip tracing on a warm start, but on
-    # XLA:CPU an executable serialized in a process that compiled other programs
-    # before may reference kernels it does not carry ("Function ... not found" when a
-    # later process runs it), so the store is opt-in until that is solved.
-    program_store.set_root(path if program_store.enabled_by_env() else None)
+    # Whole programs on disk (program_store.py) skip tracing on a warm start; its
+    # check that an entry carries its object code is XLA:CPU's, so on other
+    # platforms programs come back through JAX's cache alone.
+    program_store.set_root(path if jax.default_backend() == "cpu" else None)
     return path

@@ -84,16 +84,17 @@ def freeze_startup_heap() -> None:
 
 
 def start_cpu_builds(args: EngineArgs) -> None:
-    """On the CPU platform, build the C++ sampler (and the C++ attention, matmul and
+    """On the CPU platform, build the C++ sampler and KV-pool zeroing (and the C++ attention, matmul and
     GGUF block kernels, when the attention backend may use them) on background threads
     while the model loads: on a first start the two compilers then run beside
     the loading instead of after it. Found in the cache, this costs nothing."""
     if jax.default_backend() != "cpu":
         return
     from pagedjax.kernels_pallas.cpu import (blockmatmul as cpu_blockmatmul, native as cpu_native,
-                                             sampler as cpu_sampler)
+                                             sampler as cpu_sampler, zero_pages)
 
     cpu_sampler.load_in_background()
+    zero_pages.load_in_background()  # the KV pool, zeroed without writing it
     if args.attention_backend in ("auto", "cpu_native") and args.tensor_parallel_size == 1:
         cpu_native.load_in_background()
         if args.quantization in (None, "gguf", "awq", "gptq"):  # blocks or int4 groups kept

@@ -56,7 +56,7 @@ _JAX_SETTINGS = ("jax_enable_x64", "jax_default_matmul_precision", "jax_numpy_ra
 # Process-wide counts: programs traced and lowered here, read back from the store.
 counts = {"lowered": 0, "loaded": 0, "stored": 0}
 _MISSING = object()
-_FORMAT = "pagedjax-program-2"  # the entries' layout, part of every key
+_FORMAT = "pagedjax-program-3"  # the entries' layout, part of every key
 _count_lock = threading.Lock()
 
 
@@ -73,8 +73,11 @@ def _bump(name: str) -> None:
 
 
 # Programs JAX read back from its persistent cache in this thread. An executable
-# JAX deserialized cannot be serialized again whole (XLA:CPU drops its compiled
-# functions: the copy fails when run), so only fresh compilations are stored.
+# JAX deserialized cannot be serialized again whole (XLA:CPU keeps no object code
+# for it: the copy fails when run with "Function ... not found"), so only fresh
+# compilations are stored. JAX also hands such an executable back from memory,
+# without the event, when the same program was read back earlier in the process
+# (a direct call of the jitted function): carries_code checks the bytes too.
 _thread = threading.local()
 _listening = False
 
@@ -84,13 +87,19 @@ def _jax_cache_hit(event: str, **_: Any) -> None:
         _thread.jax_hits = getattr(_thread, "jax_hits", 0) + 1
 
 
-ENV = "PAGEDJAX_PROGRAM_STORE"
+# The start of every object file XLA:CPU keeps in an executable: the ELF magic,
+# then 64-bit (class 2), little-endian (data 1), version 1.
+_ELF = b"\x7fELF\x02\x01\x01"
 
 
-def enabled_by_env() -> bool:
-    """Whether ``PAGEDJAX_PROGRAM_STORE=1`` asks for the store (off by default: see
-    engine/compile_cache.py for why)."""
-    return os.environ.get(ENV, "").strip().lower() in ("1", "true", "yes", "on")
+def carries_code(payload: bytes) -> bool:
+    """Whether a serialized XLA:CPU executable holds the object code of its kernels.
+
+    A freshly compiled executable serializes with its kernels' object files; one
+    that was itself deserialized serializes without them and fails when run in
+    the next process. A program without any compiled kernel (only custom calls)
+    is not stored either: it traces again next time, which is merely slower."""
+    return _ELF in payload
 
 
 def set_root(path: str | None) -> None:
@@ -256,6 +265,8 @@ def _load(key: str):
     try:
         with open(path, "rb") as f:
             payload, in_tree, out_tree = pickle.load(f)
+        if not carries_code(payload):
+            raise ValueError("the entry holds no object code")
         return deserialize_and_load(payload, in_tree, out_tree)
     except FileNotFoundError:
         return None
@@ -270,7 +281,11 @@ def _save(key: str, compiled) -> None:
 
     path = _path(key)
     try:
-        data = pickle.dumps(serialize(compiled))
+        payload, in_tree, out_tree = serialize(compiled)
+        if not carries_code(payload):
+            logger.debug("program %s not stored: it was read back, not compiled here", key)
+            return
+        data = pickle.dumps((payload, in_tree, out_tree))
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
         with os.fdopen(fd, "wb") as f:

@@ -112,7 +112,7 @@ class Runner:
             rep, kv_sh = step_shardings(self.mesh, kv_caches)
             step_out, copy_out = (rep, rep, kv_sh), kv_sh
         self.logits_sharding = step_out[0] if step_out else None  # as the step returns them
-        # Kept whole on disk when the program store is on (program_store.py): a warm
+        # Kept whole on disk on the CPU (program_store.py): a warm
         # start then neither traces nor lowers. Besides its arguments, the step depends
         # on the model; the sampler also on s_max (its tokens' width).
         model_fp = program_store.model_fingerprint(model)

@@ -21,7 +21,7 @@ from tests.utils.paths import REPO_ROOT
 
 
 def _start(tiny_llama_dir, smollm2_gguf, cache: str, max_num_seqs: int) -> dict:
-    env = dict(os.environ, PAGEDJAX_NATIVE_MATMUL_ROWS="0", PAGEDJAX_PROGRAM_STORE="1")
+    env = dict(os.environ, PAGEDJAX_NATIVE_MATMUL_ROWS="0")
     r = subprocess.run([sys.executable, "-m", "tests.engine.cache_child", tiny_llama_dir,
                         smollm2_gguf, cache, str(max_num_seqs)], cwd=REPO_ROOT, env=env,
                        capture_output=True, text=True, timeout=600)

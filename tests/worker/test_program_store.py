@@ -45,12 +45,6 @@ def _traced_fn():
     return f, traces
 
 
-
-@pytest.fixture(autouse=True)
-def _store_on(monkeypatch):
-    """The store is opt-in (engine/compile_cache.py says why); these tests turn it on."""
-    monkeypatch.setenv(program_store.ENV, "1")
-
 def _wrapper(context="ctx"):
     f, traces = _traced_fn()
     jit = jax.jit(f, static_argnames=("scale",), donate_argnums=(1,))
@@ -184,3 +178,56 @@ def test_a_program_jax_read_back_is_not_stored(tmp_path):
                                    rtol=1e-5)
     finally:
         program_store.set_root(None)
+
+
+def test_a_program_jax_handed_back_from_memory_is_not_stored(tmp_path):
+    """A direct call of the jitted function reads the program back from JAX's
+    disk cache; the wrapper's compile then gets that deserialized executable from
+    JAX's memory, with no cache-hit event. Serialized, it would lack its object
+    code and fail in the next process ("Function ... not found"): the store
+    checks the bytes and keeps nothing."""
+    from pagedjax.engine import compile_cache
+
+    folder = compile_cache.enable(str(tmp_path))
+    try:
+        f, _ = _traced_fn()
+        jit = jax.jit(f, static_argnames=("scale",), donate_argnums=(1,))
+        w, kv, x = _args()
+        jit(w, kv, x, scale=7.0)  # compiled, written to JAX's cache only
+        jax.clear_caches()
+        jit(w, jnp.zeros(16), x, scale=7.0)  # read back from JAX's disk cache
+        before = dict(program_store.counts)
+        wrapper = program_store.StoredJit(jit, "f", "ctx", fixed=1)
+        wrapper(w, jnp.zeros(16), x, scale=7.0)
+        assert _delta(before) == {"lowered": 1, "loaded": 0, "stored": 0}
+        assert not glob.glob(os.path.join(folder, "programs", "*", "*.bin"))
+        # What storing it would have written: no object code, and it fails when run.
+        from jax.experimental.serialize_executable import deserialize_and_load, serialize
+
+        payload, in_tree, out_tree = serialize(jit.lower(w, jnp.zeros(16), x, scale=7.0).compile())
+        assert not program_store.carries_code(payload)
+        with pytest.raises(Exception, match="not found"):
+            deserialize_and_load(payload, in_tree, out_tree)(w, jnp.zeros(16), x)
+    finally:
+        program_store.set_root(None)
+
+
+def test_an_entry_without_object_code_is_compiled_again(store, caplog):
+    import pickle
+
+    wrapper, _ = _wrapper()
+    w, kv, x = _args()
+    wrapper(w, kv, x, scale=2.0)
+    (path,) = glob.glob(os.path.join(store, "programs", "*", "*.bin"))
+    with open(path, "rb") as f:
+        payload, in_tree, out_tree = pickle.load(f)
+    assert program_store.carries_code(payload)
+    with open(path, "wb") as f:  # what a re-serialized, deserialized executable looks like
+        pickle.dump((payload.replace(b"\x7fELF", b"\x00ELF"), in_tree, out_tree), f)
+    before = dict(program_store.counts)
+    again, traces = _wrapper()
+    y, _ = again(w, jnp.zeros(16), x, scale=2.0)
+    assert traces and _delta(before)["lowered"] == 1 and _delta(before)["loaded"] == 0
+    assert "no object code" in caplog.text
+    np.testing.assert_allclose(np.asarray(y), np.tanh(np.asarray(x) @ np.ones((8, 8))) * 2,
+                               rtol=1e-5)
