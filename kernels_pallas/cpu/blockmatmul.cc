@@ -235,11 +235,8 @@ void block_nt(const BlockWork& w, int64_t n0, int64_t n1, float* buf) {
       _mm_storeu_ps(w.y + m * N + n, _mm256_castps256_ps128(s));
       _mm_storeu_ps(w.y + (m + 1) * N + n, _mm256_extractf128_ps(s, 1));
     }
-    if (m < M) {  // the last odd row: its pair's sums (x's row twice)
-      const float* xa = w.x + m * K;
-      const __m256 s = pagedjax_tile::dot2x4(xa, xa, w0, w1, w2, w3, K);
-      _mm_storeu_ps(w.y + m * N + n, _mm256_castps256_ps128(s));
-    }
+    if (m < M)  // the last odd row: its pair's sums
+      _mm_storeu_ps(w.y + m * N + n, pagedjax_tile::dot1x4(w.x + m * K, w0, w1, w2, w3, K));
   }
 #endif
   for (; n < n1; ++n) {  // rows past the last group of 4 (or all: no AVX2)
