@@ -333,7 +333,7 @@ def test_peer_serve_commands_and_comparison(tmp_path):
     pj, ll = " ".join(cmds["pagedjax"]), cmds["llama.cpp"]
     assert "--model m.gguf" in pj and "--max-num-seqs 8" in pj and "--max-model-len 128" in pj
     assert ll[:3] == [str(fake), "-m", "m.gguf"] and ll[ll.index("-c") + 1] == "1024"
-    assert ll[ll.index("--parallel") + 1] == "8" and "-cb" in ll and ll[ll.index("-t") + 1] == "2"
+    assert ll[ll.index("-np") + 1] == "8" and "-cb" in ll and ll[ll.index("-t") + 1] == "2"
 
     def rep(x):
         return {k: x for k, _, _ in peer_serve.FIGURES}
@@ -361,3 +361,39 @@ def test_hybrid_kv_benchmark_counts_pool_pages(tmp_path):
     # 256 pages of the full group + 5 sliding groups of ceil(511 / 16) + 1 pages
     assert small["hybrid"]["pages"] == 256 + 5 * 33 and small["hybrid"]["arrays"] == 3
     assert small["hybrid"]["bytes"] < 0.3 * small["uniform"]["bytes"]
+
+
+def test_race_ratios_against_pagedjax_best_mode(tmp_path):
+    """The offline race: each system's rate over the faster pagedjax mode of the same
+    round; llama-server's batch width and context per slot; bad options named."""
+    from benchmarks.serving import llama_server
+    from benchmarks.throughput import race
+
+    fake = tmp_path / "llama-server"
+    fake.write_text("")
+    ns = race.parse_args(["--llama-server", str(fake), "--model", "m.gguf", "--requests", "4",
+                          "--systems", "pagedjax_f32,pagedjax_gguf,llama_16",
+                          "--workloads", "long"])
+    assert ns.systems == ["pagedjax_f32", "pagedjax_gguf", "llama_16"] and ns.gguf == "m.gguf"
+    assert ns.workloads == ["long"] and ns.max_num_batched_tokens == 512
+    for bad in (["--systems", "vllm"], ["--workloads", "short"], ["--rounds", "0"]):
+        with pytest.raises(SystemExit):
+            race.parse_args(["--llama-server", str(fake), *bad])
+    cmd = llama_server.command(str(fake), "m.gguf", 9000, slots=64, ctx=320, threads=2)
+    assert cmd[cmd.index("-c") + 1] == str(64 * 320) and cmd[cmd.index("-np") + 1] == "64"
+    assert "-cb" in cmd and cmd[cmd.index("-t") + 1] == "2"
+
+    def r(x):
+        return {"output_tokens_per_s": x, "weight_bytes": 2**20}
+    rounds = [{"order": ["pagedjax_f32", "pagedjax_gguf", "llama_16"], "pagedjax_f32": r(100.0),
+               "pagedjax_gguf": r(120.0), "llama_16": r(60.0)},
+              {"order": ["llama_16", "pagedjax_gguf", "pagedjax_f32"], "pagedjax_f32": r(150.0),
+               "pagedjax_gguf": {"system": "pagedjax_gguf", "error": "exited with 1"},
+               "llama_16": r(50.0)}]
+    cmp = race.compare(rounds, ns.systems)
+    assert cmp["llama_16"]["vs_best_pagedjax"] == pytest.approx([0.5, 1 / 3])
+    assert cmp["pagedjax_gguf"]["vs_best_pagedjax"] == [1.0]
+    assert cmp["pagedjax_gguf"]["errors"] == ["exited with 1"]
+    assert cmp["pagedjax_f32"]["tok_s_median"] == 125.0
+    text = race.table("long", cmp, rounds)
+    assert "llama_16" in text and "error" in text and "2.40x" in text
