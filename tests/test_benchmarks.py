@@ -201,6 +201,7 @@ def test_step_profile_smoke(tiny_folder, tmp_path):
                   "sample_greedy_ms", "sample_top_p_ms", "floor_ms"):
             assert r[k] > 0, k
         assert r["floor"]["layers_xla_ms"] > 0 and r["floor"]["lm_head_xla_ms"] > 0
+        assert r["model_matmuls_ms"] is None or r["model_matmuls_ms"] > 0
         rounds = r["step_over_floor_rounds"]  # each round's own step / floor
         assert len(rounds) == 2 and all(x > 0 for x in rounds)
         assert r["step_over_floor"] == pytest.approx(float(np.median(rounds)))
@@ -218,6 +219,8 @@ def test_step_profile_derives_parts():
     assert d["attention_ms"] == 50.0 and d["elementwise_ms"] == 45.0
     assert d["dispatch_host_ms"] == 48.0 and d["step_over_floor"] == 2.0
     assert derive(p, floor, native_rows=64)["layers_matmul_path"] == "cpp"
+    own = derive(dict(p, model_matmuls_ms=90.0), floor, native_rows=32)  # the model's weights
+    assert own["layers_matmul_path"] == "model" and own["elementwise_ms"] == 75.0
 
 
 def test_host_overhead_smoke(smollm2_gguf, tmp_path):

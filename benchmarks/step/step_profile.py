@@ -264,10 +264,10 @@ def derive(p: dict, floor: dict, native_rows: int) -> dict:
     used = "layers_cpp_ms" if p["rows"] <= native_rows and "layers_cpp_ms" in floor \
         else "layers_xla_ms"
     own = p.get("model_matmuls_ms")  # the model's own weights (quantized ones included)
-    d = {"layers_matmul_ms": own if own is not None else floor[used],
-         "layers_matmul_path": "model" if own is not None else used[7:10],
+    layers = own if own is not None else floor[used]
+    d = {"layers_matmul_ms": layers, "layers_matmul_path": "model" if own is not None else used[7:10],
          "attention_ms": p["model_ms"] - p["no_attention_ms"],
-         "elementwise_ms": p["no_attention_ms"] - floor[used] - p["lm_head_ms"] - p["kv_write_ms"],
+         "elementwise_ms": p["no_attention_ms"] - layers - p["lm_head_ms"] - p["kv_write_ms"],
          "dispatch_host_ms": p["step_ms"] - p["model_ms"] - p["sample_greedy_ms"],
          "step_over_floor": p["step_ms"] / floor["floor_ms"],
          "floor_tok_s": 1000 * p["rows"] / floor["floor_ms"],
