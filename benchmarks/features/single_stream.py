@@ -63,7 +63,8 @@ def _pagedjax_child(model: str | None, mode: str, tokens: int) -> dict:
 def _llama_cpp(server: str, gguf: str, tokens: int, threads: int) -> dict:
     from benchmarks.serving import llama_server
 
-    with llama_server.running(server, gguf, slots=1, ctx=1024, threads=threads) as url:
+    with llama_server.running(server, gguf, slots=1, ctx=1024, threads=threads,
+                              log_path=os.devnull) as url:
         llama_server.completion(url, PROMPT, tokens)  # warm-up
         runs = [llama_server.completion(url, PROMPT, tokens)["timings"] for _ in range(3)]
     best = max(runs, key=lambda t: t["predicted_per_second"])
@@ -112,7 +113,11 @@ def main(argv=None) -> int:
     os.makedirs(os.path.join(ROOT, "benchmarks", "results"), exist_ok=True)
     rounds = []
     for i in range(ns.rounds):
-        res = {m: _run(m, ns) for m in (modes if i % 2 == 0 else modes[::-1])}
+        res = {}
+        for m in (modes if i % 2 == 0 else modes[::-1]):
+            res[m] = _run(m, ns)
+            print(f"  {m}: {res[m]['decode_tok_s']:.1f} tok/s (load {os.getloadavg()[0]:.1f})",
+                  flush=True)
         rounds.append(res)
         print(f"round {i + 1} (order: {', '.join(res)})")
         print("  mode        weights MiB  decode tok/s  prompt tokens")
