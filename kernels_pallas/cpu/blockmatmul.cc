@@ -20,7 +20,8 @@
 // the tile's broadcasts sit at fixed offsets); W [K, N] is split along N into
 // tasks of kNC columns claimed from XLA's intra-op pool (many small tasks: on
 // a busy machine a late thread takes fewer), each walking K kKB blocks at a
-// time; W [N, K] is split along N into tasks of kNB rows, 4 rows widened at a
+// time (one row of x: four strips side by side, columns_nn_row); W [N, K] is
+// split along N into tasks of kNB rows, 4 rows widened at a
 // time and dotted with 2 rows of x at a time. Every output is one FMA chain
 // over K in order whatever the batch and the pool, so a row's result does not
 // depend on the rest of the batch.
@@ -170,6 +171,55 @@ void columns_nn(const BlockWork& w, int64_t n0, int64_t n1) {
   }
 }
 
+#ifdef PAGEDJAX_AVX2
+// Columns [n0, n1) of y = x @ W [K, N] for one row of x: four 16-column strips at
+// a time, their blocks widened into four panels and summed in four FMA chains side
+// by side (one chain alone waits on the FMA's latency every 16 weights). Each chain
+// is the one columns_nn forms for that output (the same panel values, the same
+// order over k), so the bits are the same as at any other row count.
+void columns_nn_row(const BlockWork& w, int64_t n0, int64_t n1) {
+  constexpr int kS = 4;  // strips in flight
+  const int64_t N = w.N, K = w.K;
+  alignas(64) float panel[kS][32 * 16];
+  int64_t n = n0;
+  for (; n + 16 * kS <= n1; n += 16 * kS) {
+#ifdef PAGEDJAX_AVX512
+    __m512 c[kS];
+    for (int s = 0; s < kS; ++s) c[s] = _mm512_setzero_ps();
+#else
+    __m256 c[kS][2];
+    for (int s = 0; s < kS; ++s) c[s][0] = c[s][1] = _mm256_setzero_ps();
+#endif
+    for (int64_t b = 0; b < K / 32; ++b) {
+      for (int s = 0; s < kS; ++s) pagedjax_blocks::decode_cols(w.w, N, b, n + 16 * s, panel[s]);
+      const float* xb = w.x + 32 * b;
+      for (int e = 0; e < 32; ++e) {
+#ifdef PAGEDJAX_AVX512
+        const __m512 xe = _mm512_set1_ps(xb[e]);
+        for (int s = 0; s < kS; ++s)
+          c[s] = _mm512_fmadd_ps(xe, _mm512_load_ps(panel[s] + e * 16), c[s]);
+#else
+        const __m256 xe = _mm256_broadcast_ss(xb + e);
+        for (int s = 0; s < kS; ++s) {
+          c[s][0] = _mm256_fmadd_ps(xe, _mm256_load_ps(panel[s] + e * 16), c[s][0]);
+          c[s][1] = _mm256_fmadd_ps(xe, _mm256_load_ps(panel[s] + e * 16 + 8), c[s][1]);
+        }
+#endif
+      }
+    }
+    for (int s = 0; s < kS; ++s) {
+#ifdef PAGEDJAX_AVX512
+      _mm512_storeu_ps(w.y + n + 16 * s, c[s]);
+#else
+      _mm256_storeu_ps(w.y + n + 16 * s, c[s][0]);
+      _mm256_storeu_ps(w.y + n + 16 * s + 8, c[s][1]);
+#endif
+    }
+  }
+  if (n < n1) columns_nn(w, n, n1);
+}
+#endif
+
 // y[:, n0:n1] = x @ W[n0:n1]^T for rows of W [N, K]; buf holds 4*K floats.
 void block_nt(const BlockWork& w, int64_t n0, int64_t n1, float* buf) {
   const int64_t M = w.M, K = w.K, N = w.N;
@@ -185,11 +235,8 @@ void block_nt(const BlockWork& w, int64_t n0, int64_t n1, float* buf) {
       _mm_storeu_ps(w.y + m * N + n, _mm256_castps256_ps128(s));
       _mm_storeu_ps(w.y + (m + 1) * N + n, _mm256_extractf128_ps(s, 1));
     }
-    if (m < M) {  // the last odd row: its pair's sums (x's row twice)
-      const float* xa = w.x + m * K;
-      const __m256 s = pagedjax_tile::dot2x4(xa, xa, w0, w1, w2, w3, K);
-      _mm_storeu_ps(w.y + m * N + n, _mm256_castps256_ps128(s));
-    }
+    if (m < M)  // the last odd row: its pair's sums
+      _mm_storeu_ps(w.y + m * N + n, pagedjax_tile::dot1x4(w.x + m * K, w0, w1, w2, w3, K));
   }
 #endif
   for (; n < n1; ++n) {  // rows past the last group of 4 (or all: no AVX2)
@@ -209,6 +256,12 @@ void BlockWork::run() {
       if (buf.empty()) buf.resize(4 * K);
       block_nt(*this, t * kNB, std::min(N, (t + 1) * kNB), buf.data());
     } else {
+#ifdef PAGEDJAX_AVX2
+      if (M == 1) {
+        columns_nn_row(*this, t * kNC, std::min(N, (t + 1) * kNC));
+        continue;
+      }
+#endif
       columns_nn(*this, t * kNC, std::min(N, (t + 1) * kNC));
     }
   }
@@ -331,6 +384,7 @@ extern "C" int PagedjaxSelfTest() {
     bad |= self_test_case(kind, 3, K, 70, false, 2) << 1;  // two tasks, 16-col strips + tail
     bad |= self_test_case(kind, 8, K, 16, false, 1) << 2;  // a 6-row and a 2-row tile
     bad |= self_test_case(kind, 5, K, 9, true, 1) << 3;    // W [N, K]: groups of 4 + rows
+    bad |= self_test_case(kind, 1, K, 150, false, 2) << 5;  // one row: 4 strips + the rest
   }
   bad |= pagedjax_isa::avx512_self_test() << 4;  // -march=native may have turned AVX-512 on
   return bad;

@@ -101,5 +101,23 @@ inline __m256 dot2x4(const float* xa, const float* xb, const T* w0, const T* w1,
   return pagedjax_simd::hsum8x8(a);
 }
 
+// dot2x4(xa, xa, ...)'s lanes 0-3 (the same FMA chains, summed the same way) at half
+// the multiply-adds: the last odd row of x, or the only one.
+template <typename T>
+inline __m128 dot1x4(const float* xa, const T* w0, const T* w1, const T* w2, const T* w3,
+                     int64_t K) {
+  __m256 a[8];
+  for (int i = 0; i < 4; ++i) a[i] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k += 8) {
+    const __m256 u = _mm256_loadu_ps(xa + k);
+    a[0] = _mm256_fmadd_ps(u, load8f(w0 + k), a[0]);
+    a[1] = _mm256_fmadd_ps(u, load8f(w1 + k), a[1]);
+    a[2] = _mm256_fmadd_ps(u, load8f(w2 + k), a[2]);
+    a[3] = _mm256_fmadd_ps(u, load8f(w3 + k), a[3]);
+  }
+  for (int i = 0; i < 4; ++i) a[4 + i] = a[i];
+  return _mm256_castps256_ps128(pagedjax_simd::hsum8x8(a));
+}
+
 }  // namespace pagedjax_tile
 #endif

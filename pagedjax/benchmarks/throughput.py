@@ -87,9 +87,9 @@ def find_hf_baselines(explicit: str | None = None, cwd: str | None = None) -> st
 
 
 # ---------------------------------------------------------------------- workers
-def _mnbt(ns) -> int:
+def batched_tokens(max_num_seqs: int, explicit: int | None = None) -> int:
     """The step token budget pagedjax uses (the engine's default rule); HF continuous gets it too."""
-    return ns.max_num_batched_tokens or max(512, min(2048, ns.max_num_seqs))
+    return explicit or max(512, min(2048, max_num_seqs))
 
 
 def worker(ns) -> int:
@@ -128,12 +128,14 @@ def run_system(name: str, reqs, vocab: int, ns) -> dict:
     return res
 
 
-def _hf_command(ns, system: str, tmp: str, out: str) -> list[str]:
-    """The baseline script's command line for one transformers system."""
+def hf_command(ns, system: str, workload: str, out: str) -> list[str]:
+    """The baseline script's command line for one transformers system (``ns``: this
+    CLI's hf_baselines, hf_batch_size, max_num_seqs, max_num_batched_tokens, model and
+    no_hf_cache), on the workload file ``workload``, its result to ``out``."""
     cmd = [sys.executable, ns.hf_baselines, "--system", system,
-           "--worker-in", os.path.join(tmp, "workload.json"), "--worker-out", out,
+           "--worker-in", workload, "--worker-out", out,
            "--hf-batch-size", str(ns.hf_batch_size), "--max-num-seqs", str(ns.max_num_seqs),
-           "--max-num-batched-tokens", str(_mnbt(ns))]
+           "--max-num-batched-tokens", str(batched_tokens(ns.max_num_seqs, ns.max_num_batched_tokens))]
     if ns.model:
         cmd += ["--model", ns.model]
     return cmd + (["--no-hf-cache"] if ns.no_hf_cache else [])
@@ -143,13 +145,19 @@ def _spawn(ns, argv, system: str, tmp: str, tag: str) -> dict:
     """Run one worker in a fresh interpreter; -> its JSON result."""
     out = os.path.join(tmp, f"{tag}.json")
     if system.startswith("hf_"):
-        cmd = _hf_command(ns, system, tmp, out)
+        cmd = hf_command(ns, system, os.path.join(tmp, "workload.json"), out)
     else:
         cmd = [sys.executable, "-m", "pagedjax.benchmarks.throughput", *argv, "--worker",
                system, "--worker-in", os.path.join(tmp, "workload.json"), "--worker-out", out]
-    env = dict(os.environ)
+    return run_worker(cmd, out, system)
+
+
+def run_worker(cmd: list[str], out: str, system: str) -> dict:
+    """Run one worker command in a fresh interpreter; -> the JSON it wrote to ``out``
+    with its process facts (pid, load average before and after, wall time), or
+    ``{"system", "error"}`` when it failed."""
     load0, t0 = machine.loadavg(), time.time()
-    r = subprocess.run(cmd, env=env)
+    r = subprocess.run(cmd, env=dict(os.environ))
     if r.returncode != 0 or not os.path.exists(out):
         return {"system": system, "error": f"worker process exited with {r.returncode}"}
     with open(out) as f:
