@@ -184,9 +184,9 @@ class InputBatch:
         table, n = self.page_table, len(rows)
         news = list(map(_new_page_ids, rows))
         # The rows that gained pages or lost some (C-level passes over the rows).
-        changed = np.flatnonzero(np.fromiter(map(bool, news), bool, n)
-                                 | (np.fromiter(map(_page_start, rows), np.int64, n)
-                                    != table.num_pages[idx]))
+        lost = np.fromiter(map(_page_start, rows), np.int64, n) != table.num_pages[idx]
+        changed = np.flatnonzero(lost | np.fromiter(map(bool, news), bool, n) if any(news)
+                                 else lost)
         for i in changed.tolist():
             r = rows[i]
             if news[i] is not None:
