@@ -23,8 +23,7 @@ dense, ``0 .. len - 1``). Every column is indexed by that row:
   ``bad_words_ids``: ``engine/sequences.py``'s ``RequestSampling``).
 
 A step gathers its rows' columns (one ``np.take`` each): no per-row Python for
-the common row, no per-row numpy call, and nothing to decide whether a kept
-value is stale. Forks
+the common row, and nothing to decide whether a kept value is stale. Forks
 (n > 1 children, beams) are added like any sequence; a speculative rollback or
 a preemption reaches the page table as a row's page change.
 """
