@@ -256,11 +256,13 @@ class PagePool:
         return page if page is not None and self._page_key[page] == key else None
 
     def _block_key(self, i: int, token_ids: Sequence[int], extra_key: Hashable,
-                   hashes: list[int]) -> tuple[tuple, int]:
-        """Key and hash of block i; hashes[:i] must be known. Extends hashes."""
+                   hashes: list[int], token_offset: int = 0) -> tuple[tuple, int]:
+        """Key and hash of block i (``token_ids`` start at position ``token_offset``);
+        hashes[:i] must be known. Extends hashes."""
         ps = self.page_size
         parent = hashes[i - 1] if i else None
-        key = (parent, tuple(token_ids[i * ps:(i + 1) * ps]), extra_key)
+        a = i * ps - token_offset
+        key = (parent, tuple(token_ids[a:a + ps]), extra_key)
         if i == len(hashes):
             hashes.append(hash(key))
         return key, hashes[i]
@@ -293,20 +295,25 @@ class PagePool:
     def register(self, page_ids: Sequence[int], token_ids: Sequence[int],
                  num_computed_tokens: int, extra_key: Hashable = None, *,
                  block_hashes: list[int] | None = None, start_page: int = 0,
-                 group: int = 0) -> int:
+                 group: int = 0, token_offset: int = 0) -> int:
         """Register pages [start_page, full) whose tokens are all computed.
 
         `start_page` skips pages already offered (needs `block_hashes` to cover
-        them, else hashing restarts at 0). Returns the number of full pages.
+        them, else hashing restarts at 0). `token_ids` may start at position
+        `token_offset` (a multiple of the page size, at most `start_page` pages and
+        `len(block_hashes)` pages in). Returns the number of full pages.
         """
-        full = min(num_computed_tokens // self.page_size, len(page_ids),
-                   len(token_ids) // self.page_size)
+        ps = self.page_size
+        full = min(num_computed_tokens // ps, len(page_ids), (token_offset + len(token_ids)) // ps)
         if not self.enable_prefix_caching:
             return full
         hashes = block_hashes if block_hashes is not None else []
         start = min(start_page, len(hashes))
+        if token_offset % ps or token_offset > start * ps:
+            raise ValueError(f"token_offset {token_offset}: expected a multiple of the page "
+                             f"size {ps} at most {start * ps}")
         for i in range(start, full):
-            key, h = self._block_key(i, token_ids, extra_key, hashes)
+            key, h = self._block_key(i, token_ids, extra_key, hashes, token_offset)
             page = page_ids[i]
             if page == NULL_PAGE:  # given back by a sliding-window group
                 continue

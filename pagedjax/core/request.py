@@ -112,7 +112,7 @@ class Request:
                  "parent_id", "sample_index", "block_hashes", "num_registered_pages",
                  "num_pages_sent",
                  "first_scheduled", "num_pending", "spec_token_ids", "waiting_seq",
-                 "max_num_tokens", "_finishers", "mm_items", "prefill_only", "group_pages",
+                 "max_num_tokens", "finisher_ids", "mm_items", "prefill_only", "group_pages",
                  "group_pages_sent",
                  "mrope")
 
@@ -144,7 +144,7 @@ class Request:
         self.max_num_tokens: int = (len(self.prompt_token_ids) + self.max_tokens
                                     if self.max_tokens is not None else sys.maxsize)
         # The token ids that may stop it (checked per step: one set lookup first).
-        self._finishers = self.stop_token_ids | (
+        self.finisher_ids = self.stop_token_ids | (
             frozenset() if self.ignore_eos else frozenset(self.eos_token_ids))
 
         self.output_token_ids: list[int] = []
@@ -247,7 +247,7 @@ class Request:
         if n_out == 0:
             return False
         last = out[-1]
-        if last in self._finishers and n_out > self.min_tokens:
+        if last in self.finisher_ids and n_out > self.min_tokens:
             if not self.ignore_eos and last in self.eos_token_ids:
                 self.finish(RequestStatus.FINISHED_STOPPED)
             else:

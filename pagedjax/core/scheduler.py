@@ -236,12 +236,16 @@ class Scheduler:
                     # in flight) into a page of its own, nothing from the pool, its page
                     # list unchanged (this loop runs per row per step: _reserve's first
                     # case, _make_row and Request.token_at are inlined here for it).
-                    rows[req.request_id] = ScheduledRow(
-                        req.request_id, [-1 if pending else outs[-1] if outs else prompt[-1]],
-                        start, table, 1, 0, sent, NO_NEW_PAGES,
-                        *(() if groups is None else
-                          (req.group_pages, tuple(req.group_pages_sent),
-                           (NO_NEW_PAGES,) * len(req.group_pages))))
+                    token = [-1 if pending else outs[-1] if outs else prompt[-1]]
+                    if groups is None:
+                        row = ScheduledRow(req.request_id, token, start, table, 1, 0, sent,
+                                           NO_NEW_PAGES)
+                    else:
+                        row = ScheduledRow(req.request_id, token, start, table, 1, 0, sent,
+                                           NO_NEW_PAGES, req.group_pages,
+                                           tuple(req.group_pages_sent),
+                                           (NO_NEW_PAGES,) * len(req.group_pages))
+                    rows[req.request_id] = row
                     req.num_computed_tokens = start + 1
                     req.num_pending = pending + 1
                     budget -= 1
@@ -510,11 +514,24 @@ class Scheduler:
                 raise ValueError(f"request {row.request_id!r}: update() without a placeholder; "
                                  "call update() once per schedule(), in order")
             if tokens.__class__ is int:  # one token as a plain int (the common row)
-                family, tokens = (req,), (tokens,)
-            elif not 1 <= len(tokens) <= num_samples:
+                req.num_pending -= 1
+                outs = req.output_token_ids
+                outs.append(tokens)
+                # check_stop's own tests, first without the call (it can fire only then)
+                if tokens in req.finisher_ids or \
+                        len(req.prompt_token_ids) + len(outs) >= req.max_num_tokens:
+                    was_waiting = req.status is not RUNNING
+                    if req.check_stop():
+                        any_finished = True
+                        if was_waiting:
+                            finished_waiting.append(req)
+                        self._release(req)
+                changed.append(req)
+                continue
+            if not 1 <= len(tokens) <= num_samples:
                 raise ValueError(f"request {row.request_id!r}: expected {num_samples} "
                                  f"sampled token(s), got {len(tokens)}")
-            elif len(tokens) == 1:
+            if len(tokens) == 1:
                 family = (req,)
             else:
                 end = row.start_pos + len(row.token_ids)
@@ -568,11 +585,15 @@ class Scheduler:
             self.groups.register(req)
             return
         known = min(req.num_computed_tokens, req.num_tokens)  # placeholders have no content yet
-        full = min(known // self.page_size, len(req.page_ids))
-        if full > req.num_registered_pages:
-            self.pool.register(req.page_ids, req.all_token_ids, known,
+        ps = self.page_size
+        full = min(known // ps, len(req.page_ids))
+        start = req.num_registered_pages
+        if full > start:
+            # Only the tokens of the pages to hash (not the whole sequence's list).
+            offset = min(start, len(req.block_hashes)) * ps
+            self.pool.register(req.page_ids, req.get_token_ids(offset, full * ps), known,
                                req.cache_salt, block_hashes=req.block_hashes,
-                               start_page=req.num_registered_pages)
+                               start_page=start, token_offset=offset)
             req.num_registered_pages = full
 
     def _fork_children(self, parent: Request, count: int, computed: int) -> list[Request]:

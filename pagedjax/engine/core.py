@@ -38,6 +38,7 @@ logger = logging.getLogger("pagedjax.engine.core")
 
 _request_id = operator.attrgetter("request_id")
 _num_samples = operator.attrgetter("num_samples")
+_finish_reason = operator.attrgetter("finish_reason")
 
 
 @dataclasses.dataclass
@@ -358,9 +359,16 @@ class EngineCore:
                 if (req.request_id not in sampled and parent is not None
                         and (req.parent_id, req.sample_index) in extra_of):
                     self.seqs.join(req.request_id, parent[0], req.sample_index, req)
-        if spec is None:
-            logprob, rank = res.logprob.tolist(), res.rank.tolist()
-        sampling, token_only = self.seqs.sampling, self.seqs.token_only
+        token_only = self.seqs.token_only
+        if (spec is None and not extra_of and token_only.issuperset(first_ids)
+                and not any(map(_finish_reason, changed))
+                and list(map(_request_id, changed)) == first_ids):
+            # Every row the common one, in order (C-level checks): two columns, no SeqUpdate.
+            out.token_request_ids.extend(first_ids)
+            out.token_ids.extend(ids)
+            return
+        logprob = rank = None  # as lists, made when a row needs a SeqUpdate
+        sampling = self.seqs.sampling
         token_ids_out, tokens_out = out.token_request_ids, out.token_ids
         first_of = None  # seq id -> its first sampling row, made when a row needs it
         for req in changed:
@@ -391,6 +399,8 @@ class EngineCore:
                 self._spec_updates(req, rid, idx, j, tokens[j], res, spec, out)
                 continue
             wants_lp = s is not None and s.params[0].logprobs is not None
+            if logprob is None:
+                logprob, rank = res.logprob.tolist(), res.rank.tolist()
             up = SeqUpdate(sid, rid, idx, [ids[j]], logprob[j], rank[j],
                            res.topk_ids[j] if wants_lp else (),
                            res.topk_logprobs[j] if wants_lp else (),

@@ -177,9 +177,8 @@ class OutputProcessor:
                 m.first_token_time = now
             m.last_token_time = now
             seq.token_ids.append(tok)
-            stop = seq.stop
-            stop.add(seq.detok.add(tok))
-            seq.text = stop.text
+            # The checker has no stop strings here: its add() would only append.
+            seq.stop.text = seq.text = seq.text + seq.detok.add(tok)
             num_tokens += 1
             if st.params.output_kind is not cumulative:
                 touched[rid] = st

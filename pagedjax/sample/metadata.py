@@ -13,7 +13,9 @@ is ``sampler.py``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import operator
 from dataclasses import dataclass
 from typing import NamedTuple, Optional, Sequence
 
@@ -260,8 +262,32 @@ def tensors_from_columns(cols: SamplingColumns, n: int, counter: np.ndarray,
     needing penalties, bans, biases, allowed ids or a grammar mask."""
     R = len(cols.greedy)
     greedy, top_k, top_p, min_p = cols.greedy, cols.top_k, cols.top_p, cols.min_p
-    use_tkp = bool(n) and bool(((top_k[:n] < V) | (top_p[:n] < 1.0)).any())
-    use_min_p = bool(n) and bool((min_p[:n] > 0.0).any())
+    use_tkp = bool(n) and bool(top_k[:n].min() < V or top_p[:n].min() < 1.0)
+    use_min_p = bool(n) and bool(min_p[:n].max() > 0.0)
+    extra = _special_arrays(special, R, V, history_len) if special else _plain_arrays(R)
+    pen, hist_ids, hist_counts, edit_ids, edit_vals, allowed_bits, flags = extra
+    return SamplingTensors(
+        temperature=cols.temperature, greedy=greedy, top_k=top_k, top_p=top_p, min_p=min_p,
+        key_data=cols.key_data, counter=counter, presence=pen[0], frequency=pen[1],
+        repetition=pen[2], hist_ids=hist_ids, hist_counts=hist_counts, edit_ids=edit_ids,
+        edit_vals=edit_vals, allowed_bits=allowed_bits, all_greedy=bool(greedy.all()),
+        use_penalties=flags[0], use_edits=flags[1], use_allowed=flags[2],
+        use_min_p=use_min_p, use_top_k_p=use_tkp)
+
+
+@functools.lru_cache(maxsize=32)
+def _plain_arrays(R: int) -> tuple:
+    """:func:`_special_arrays` of R rows none of which is special (read-only)."""
+    out = _special_arrays({}, R, 0, 0)
+    for a in out[:-1]:
+        a.flags.writeable = False
+    return out
+
+
+def _special_arrays(special: dict[int, RowState], R: int, V: int, history_len: int) -> tuple:
+    """The arrays of the per-step features of R rows, from the ``special`` rows'
+    states: (penalties f32[3, R], hist_ids, hist_counts, edit_ids, edit_vals,
+    allowed_bits, (use_penalties, use_edits, use_allowed))."""
     pen = np.zeros((3, R), np.float32)
     pen[2] = 1.0
     use_pen = use_edits = use_allowed = False
@@ -295,8 +321,7 @@ def tensors_from_columns(cols: SamplingColumns, n: int, counter: np.ndarray,
         if p.allowed_token_ids is not None:
             allowed[r] = p.allowed_token_ids
             use_allowed = True
-    H = history_len if use_pen else 0
-    hist_ids, hist_counts = _pack_history(hist, R, V, H)
+    hist_ids, hist_counts = _pack_history(hist, R, V, history_len if use_pen else 0)
     E = EDIT_WIDTH if use_edits else 0
     edit_ids = np.zeros((R, E), np.int32)
     edit_vals = np.zeros((R, E), np.float32)
@@ -304,13 +329,8 @@ def tensors_from_columns(cols: SamplingColumns, n: int, counter: np.ndarray,
         edit_ids[r, :len(ids_e)] = ids_e
         edit_vals[r, :len(vals_e)] = vals_e
     allowed_bits = _allowed_bits(allowed, grammar, R, V, use_allowed)
-    return SamplingTensors(
-        temperature=cols.temperature, greedy=greedy, top_k=top_k, top_p=top_p, min_p=min_p,
-        key_data=cols.key_data, counter=counter, presence=pen[0], frequency=pen[1],
-        repetition=pen[2], hist_ids=hist_ids, hist_counts=hist_counts, edit_ids=edit_ids,
-        edit_vals=edit_vals, allowed_bits=allowed_bits, all_greedy=bool(greedy.all()),
-        use_penalties=use_pen, use_edits=use_edits, use_allowed=use_allowed,
-        use_min_p=use_min_p, use_top_k_p=use_tkp)
+    return (pen, hist_ids, hist_counts, edit_ids, edit_vals, allowed_bits,
+            (use_pen, use_edits, use_allowed))
 
 
 def _allowed_bits(allowed: dict[int, list[int]], grammar: dict[int, np.ndarray], R: int, V: int,
@@ -336,4 +356,7 @@ def _allowed_bits(allowed: dict[int, list[int]], grammar: dict[int, np.ndarray],
 
 def variant_key(st: SamplingTensors) -> tuple:
     """The static feature flags that select a compiled sampler variant."""
-    return tuple(getattr(st, f) for f in _META)
+    return _meta_flags(st)
+
+
+_meta_flags = operator.attrgetter(*_META)  # one C call (per step)

@@ -41,7 +41,6 @@ number of compiled variants is bounded by the flags.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Optional
 
@@ -272,9 +271,10 @@ def program_flags(st: SamplingTensors, backend: str = "auto") -> SamplingTensors
     tokens are the same either way."""
     if not (st.use_min_p or st.use_top_k_p) or resolve_backend(backend) != "native":
         return st
-    # A shallow copy with two fields changed (per step: dataclasses.replace would
-    # re-run the 21-field constructor through its generic path).
-    out = copy.copy(st)
+    # A shallow copy with two fields changed (per step: dataclasses.replace and
+    # copy.copy take their generic paths).
+    out = object.__new__(SamplingTensors)
+    out.__dict__.update(st.__dict__)
     out.use_min_p = out.use_top_k_p = False
     return out
 

@@ -11,9 +11,10 @@ dense, ``0 .. len - 1``). Every column is indexed by that row:
   group's page changes (a sliding-window group's pages given back become the
   null page 0 in its table);
 * the sampling parameters fixed for the sequence: greedy, temperature, top-k,
-  top-p, min-p, the seed's key words, whether the row needs its full state
-  each step (penalties, bans, bias, allowed ids, bad words, a grammar), its
-  logprobs count; the LoRA adapter id; the prompt length;
+  top-p, min-p and the seed's key words, one record per row (``STATIC_DTYPE``:
+  a step takes its rows' records in one gather); whether the row needs its full
+  state each step (penalties, bans, bias, allowed ids, bad words, a grammar),
+  its logprobs count; the LoRA adapter id; the prompt length;
 * ``sample_pos``: the row's first sampling row in the latest launched step,
   where the next step's placeholder reads its token on the device;
 * by reference: the sequence's prompt and output token lists (the scheduler's
@@ -30,6 +31,7 @@ a preemption reaches the page table as a row's page change.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import operator
 from typing import Any, Sequence
 
@@ -37,7 +39,7 @@ import numpy as np
 
 from pagedjax.sample.metadata import (RowState, SamplingColumns, SamplingTensors, static_row,
                                       static_columns, tensors_from_columns)
-from pagedjax.worker.inputs import SampleRow, sampling_rows_padded
+from pagedjax.worker.inputs import SampleRow, row_range, sampling_rows_padded
 from pagedjax.worker.page_table import PageTable
 
 _num_samples = operator.attrgetter("num_samples")
@@ -47,6 +49,13 @@ _page_start = operator.attrgetter("page_start")
 
 # A sequence's logprobs column when it wants none.
 NO_LOGPROBS = -1
+# A sequence's top_k column when top-k is off (any k >= the vocabulary keeps every token).
+NO_TOP_K = np.iinfo(np.int32).max
+# The sampling parameters fixed for a sequence, one record per row (a step gathers them
+# in one take): the fields of ``SamplingColumns``.
+STATIC_DTYPE = np.dtype([("greedy", bool), ("temperature", np.float32), ("top_k", np.int32),
+                         ("top_p", np.float32), ("min_p", np.float32),
+                         ("key_data", np.uint32, (2,))], align=True)
 _FIRST_CAPACITY = 64
 
 
@@ -65,22 +74,21 @@ class InputBatch:
         # One page table per KV group; group 0's is ``page_table``.
         self.page_tables = [PageTable(page_width, capacity) for _ in range(num_groups)]
         self.page_table = self.page_tables[0]
-        self._columns: dict[str, np.ndarray] = {}
-        for name, dtype, width in (
-                ("sample_index", np.int64, 0), ("num_prompt", np.int64, 0),
-                ("greedy", bool, 0), ("temperature", np.float32, 0), ("top_k", np.int32, 0),
-                ("top_p", np.float32, 0), ("min_p", np.float32, 0),
-                ("key_data", np.uint32, 2), ("special", bool, 0), ("grammar", bool, 0),
-                ("num_logprobs", np.int32, 0), ("lora_id", np.int32, 0),
-                ("sample_pos", np.int32, 0)):
-            shape = (capacity, width) if width else (capacity,)
-            self._columns[name] = np.zeros(shape, dtype)
+        # Rows needing their full state each step (``special``): 0 spares the check.
+        self.num_special = 0
+        self._columns: dict[str, np.ndarray] = {"static": np.zeros(capacity, STATIC_DTYPE)}
+        for name, dtype in (("sample_index", np.int64), ("num_prompt", np.int64),
+                            ("special", bool), ("grammar", bool), ("num_logprobs", np.int32),
+                            ("lora_id", np.int32), ("sample_pos", np.int32)):
+            self._columns[name] = np.zeros(capacity, dtype)
 
     def __getattr__(self, name: str) -> np.ndarray:
-        try:
-            return self.__dict__["_columns"][name]
-        except KeyError:
-            raise AttributeError(name) from None
+        columns = self.__dict__["_columns"]
+        if name in columns:
+            return columns[name]
+        if name in STATIC_DTYPE.names:  # a field of the static sampling columns (a view)
+            return columns["static"][name]
+        raise AttributeError(name)
 
     def __len__(self) -> int:
         return len(self.seq_ids)
@@ -109,10 +117,11 @@ class InputBatch:
         c = self._columns
         c["sample_index"][row] = index
         c["num_prompt"][row] = len(prompt_token_ids)
-        c["greedy"][row], c["temperature"][row], c["top_k"][row] = st.greedy, st.temperature, st.top_k
-        c["top_p"][row], c["min_p"][row] = st.top_p, st.min_p
-        c["key_data"][row] = (st.seed_hi, st.seed_lo)
-        c["special"][row] = st.extras or bool(sampling.bad_words_ids) or grammar
+        c["static"][row] = (st.greedy, st.temperature, st.top_k or NO_TOP_K, st.top_p,
+                            st.min_p, (st.seed_hi, st.seed_lo))
+        special = st.extras or bool(sampling.bad_words_ids) or grammar
+        c["special"][row] = special
+        self.num_special += special
         c["grammar"][row] = grammar
         c["num_logprobs"][row] = NO_LOGPROBS if params.logprobs is None else params.logprobs
         c["lora_id"][row] = lora_id
@@ -126,6 +135,7 @@ class InputBatch:
         row = self.index.pop(seq_id, None)
         if row is None:
             return
+        self.num_special -= bool(self._columns["special"][row])
         last = len(self.seq_ids) - 1
         if row != last:
             moved = self.seq_ids[last]
@@ -173,9 +183,9 @@ class InputBatch:
         table, n = self.page_table, len(rows)
         news = list(map(_new_page_ids, rows))
         # The rows that gained pages or lost some (C-level passes over the rows).
-        changed = np.flatnonzero(np.fromiter(map(bool, news), bool, n)
-                                 | (np.fromiter(map(_page_start, rows), np.int64, n)
-                                    != table.num_pages[idx]))
+        lost = np.fromiter(map(_page_start, rows), np.int64, n) != table.num_pages[idx]
+        changed = np.flatnonzero(lost | np.fromiter(map(bool, news), bool, n) if any(news)
+                                 else lost)
         for i in changed.tolist():
             r = rows[i]
             if news[i] is not None:
@@ -211,17 +221,22 @@ class InputBatch:
         rows of the step rows that sample, their seed counters padded to R, the fork
         rows (batch row, sample index), sample_index i32[R])."""
         n = len(rows)
-        nsamp = np.fromiter(map(_num_samples, rows), np.int64, n)
-        sampling = np.flatnonzero(nsamp) if not nsamp.all() else np.arange(n)
-        first = idx[sampling]
-        n1 = len(sampling)
+        nsamp = list(map(_num_samples, rows))
+        nspec = list(map(_num_spec, rows))
+        if nsamp.count(1) == n and not any(nspec):  # each row samples once, no proposals
+            order = row_range(n)
+            first, ends = idx, kv_lens[:n]
+        else:
+            order = np.flatnonzero(np.array(nsamp, np.int64))
+            first = idx[order]
+            ends = kv_lens[order] - np.array(nspec, np.int64)[order]  # less the proposals
+        n1 = len(first)
         r_pad = sampling_rows_padded(n1 + len(forks), s)
+        # Tokens before the sampled one: the row's end, less its proposals and the prompt.
         counter = np.zeros(r_pad, np.int32)
-        # Tokens before the sampled one: the row's end, less its proposals, less the prompt.
-        nspec = np.fromiter(map(_num_spec, rows), np.int64, n)
-        counter[:n1] = (kv_lens[sampling] - nspec[sampling]) - self._columns["num_prompt"][first]
+        counter[:n1] = ends - self._columns["num_prompt"][first]
         sample_index = np.zeros(r_pad, np.int32)
-        sample_index[:n1] = sampling
+        sample_index[:n1] = order
         sample_index[n1:n1 + len(forks)] = [i for i, _ in forks]
         fork_rows = [(int(idx[i]), j) for i, j in forks]
         return first, counter, fork_rows, sample_index
@@ -282,19 +297,17 @@ class InputBatch:
         if n > R:
             raise ValueError(f"got {n} sampling rows for num_rows_padded={R}")
         c = self._columns
-        cols = SamplingColumns(np.ones(R, bool), np.ones(R, np.float32), np.full(R, V, np.int32),
-                               np.ones(R, np.float32), np.zeros(R, np.float32),
-                               np.zeros((R, 2), np.uint32))
-        cols.greedy[:n1] = c["greedy"][first]
-        cols.temperature[:n1] = c["temperature"][first]
-        k = c["top_k"][first]
-        cols.top_k[:n1] = np.where((k > 0) & (k < V), k, V)
-        cols.top_p[:n1] = c["top_p"][first]
-        cols.min_p[:n1] = c["min_p"][first]
-        cols.key_data[:n1] = c["key_data"][first]
+        static = _padding(R).copy()
+        np.take(c["static"], first, out=static[:n1])
+        top_k = static["top_k"]
+        np.minimum(top_k, V, out=top_k)
+        cols = SamplingColumns(static["greedy"], static["temperature"], top_k, static["top_p"],
+                               static["min_p"], static["key_data"])
         special: dict[int, RowState] = {}
-        for j in np.flatnonzero(c["special"][first]).tolist():
-            special[j] = self.row_state(int(first[j]), int(counter[j]), grammar_bits.get(j))
+        if self.num_special:
+            for j in np.flatnonzero(c["special"][first]).tolist():
+                special[j] = self.row_state(int(first[j]), int(counter[j]),
+                                            grammar_bits.get(j))
         if forks:
             states = [self.row_state(row, 0, grammar_bits.get(j), index=i, fork=True)
                       for j, (row, i) in enumerate(forks, n1)]
@@ -313,6 +326,15 @@ class InputBatch:
             return None
         most = int(self._columns["num_logprobs"][rows].max())
         return None if most == NO_LOGPROBS else most
+
+
+@functools.lru_cache(maxsize=32)
+def _padding(num_rows: int) -> np.ndarray:
+    """``num_rows`` static records of greedy padding rows (read-only: copy it)."""
+    rows = np.zeros(num_rows, STATIC_DTYPE)
+    rows["greedy"], rows["temperature"], rows["top_k"], rows["top_p"] = True, 1.0, NO_TOP_K, 1.0
+    rows.flags.writeable = False
+    return rows
 
 
 @dataclasses.dataclass

@@ -24,6 +24,7 @@ step, on the critical path when the device is fast.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import operator
 from typing import Sequence
@@ -152,32 +153,31 @@ def prepare(buckets: Buckets, rows, table_rows: np.ndarray, table, *,
     # critical path when the device is fast); the rest is vectorized over rows and tokens.
     toks = list(map(_token_ids, rows))
     lens_l = list(map(len, toks))
-    last_l = list(map(_last, toks))
     num_tokens = sum(lens_l)
-    flat = last_l if num_tokens == n_rows else list(itertools.chain.from_iterable(toks))
     decode = num_tokens == n_rows
-    lens = np.array(lens_l, np.int64)
     starts = np.fromiter(map(_start_pos, rows), np.int64, n_rows)
-    ends = np.cumsum(lens)
-    max_pages = int(cdiv((starts + lens).max(), ps))
-    t, s, p = buckets.bucket_sizes(n_rows, num_tokens, max_pages, decode)
-    offs = ends - lens
-    if decode:
-        row_of = np.arange(n_rows)
-        pos = starts
+    last = np.array(list(map(_last, toks)), np.int32)
+    if decode:  # one token per row: where each row's token sits is a constant of n_rows
+        row_of = row_range(n_rows)
+        flat, offs, last_at, pos, kv = last, row_of, row_of, starts, starts + 1
     else:
+        flat = list(itertools.chain.from_iterable(toks))
+        lens = np.array(lens_l, np.int64)
+        ends = np.cumsum(lens)
+        offs, last_at = ends - lens, ends - 1
         row_of = np.repeat(np.arange(n_rows), lens)
         pos = starts[row_of] + (np.arange(num_tokens) - offs[row_of])
-    token_ids = np.zeros(t, np.int32)
+        kv = starts + lens
+    t, s, p = buckets.bucket_sizes(n_rows, num_tokens, cdiv(int(kv.max()), ps), decode)
+    ints = np.zeros((4, t), np.int32)  # token ids, token sources, positions, slots
+    token_ids, src, positions, slots = ints
     token_ids[:num_tokens] = flat
-    src = np.full(t, -1, np.int32)
+    src[:] = -1
     if placeholder_src is not None:  # the previous step's sampled token of that row
-        src[ends - 1] = np.where(np.array(last_l) < 0, placeholder_src, -1)
-    positions = np.zeros(t, np.int32)
+        src[last_at] = np.where(last < 0, placeholder_src, -1)
     positions[:num_tokens] = pos
-    slots = np.zeros(t, np.int32)
     kv_lens = np.zeros(s, np.int32)
-    kv_lens[:n_rows] = starts + lens
+    kv_lens[:n_rows] = kv
     if isinstance(table, PageTable):
         page_table = table.gather(table_rows, p, s)
         slots[:num_tokens] = page_table[row_of, pos // ps] * ps + pos % ps
@@ -185,9 +185,13 @@ def prepare(buckets: Buckets, rows, table_rows: np.ndarray, table, *,
         page_table = np.stack([tb.gather(table_rows, p, s) for tb in table])
         slots = np.zeros((len(table), t), np.int32)
         slots[:, :num_tokens] = page_table[:, row_of, pos // ps] * ps + pos % ps
-    cu = np.zeros(s + 1, np.int32)
-    cu[1:n_rows + 1] = ends
-    cu[n_rows + 1:] = num_tokens
+    if decode:
+        cu, logits_index = _decode_ends(n_rows, s)
+    else:
+        cu = np.zeros(s + 1, np.int32)
+        cu[1:n_rows + 1] = ends
+        cu[n_rows + 1:] = num_tokens
+        logits_index = _logits_index(rows, ends, s)
     mrope_positions = None
     if mrope is not None:  # three rotary position rows (Qwen2.5-VL)
         from pagedjax.worker.mrope import step_positions
@@ -198,9 +202,30 @@ def prepare(buckets: Buckets, rows, table_rows: np.ndarray, table, *,
         cu_q_lens=cu, num_seqs=np.int32(n_rows), lora_slots=_token_lora(lora_slots, row_of, t),
         mrope_positions=mrope_positions, max_q_len=1 if decode else None)
     batch = BatchInputs(token_ids=token_ids, token_src=src, meta=meta,
-                        logits_index=_logits_index(rows, ends, s),
+                        logits_index=logits_index,
                         prompt_next_ids=_prompt_next_ids(rows, cu, t, prompt_lp, prompt_tokens))
     return batch, (t, s, p)
+
+
+@functools.lru_cache(maxsize=64)
+def row_range(n: int) -> np.ndarray:
+    """0 .. n - 1, read-only (a decode step's row of each token, and each row's first
+    and last token; a step's sampling order when every row samples once)."""
+    rows = np.arange(n)
+    rows.flags.writeable = False
+    return rows
+
+
+@functools.lru_cache(maxsize=64)
+def _decode_ends(n_rows: int, s: int) -> tuple[np.ndarray, np.ndarray]:
+    """A decode step's cu_q_lens i32[S + 1] and logits_index i32[S] for ``n_rows``
+    rows of one token (read-only constants)."""
+    cu = np.minimum(np.arange(s + 1, dtype=np.int32), n_rows)
+    logits_index = np.zeros(s, np.int32)
+    logits_index[:n_rows] = np.arange(n_rows)
+    for a in (cu, logits_index):
+        a.flags.writeable = False
+    return cu, logits_index
 
 
 def _token_lora(lora_slots, row_of, t):

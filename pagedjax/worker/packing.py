@@ -30,7 +30,6 @@ class PackSpec:
 
 
 _signature = operator.attrgetter("dtype", "shape")
-_flat = operator.methodcaller("reshape", -1)
 
 
 @functools.lru_cache(maxsize=512)
@@ -57,7 +56,7 @@ def pack(tree) -> tuple[tuple[np.ndarray, ...], PackSpec]:
     arrays = list(map(np.asarray, leaves))  # (C-level loops: no Python work per leaf)
     spec, groups = _plan(treedef, tuple(map(_signature, arrays)))
     pick = arrays.__getitem__
-    bufs = tuple(np.concatenate(list(map(_flat, map(pick, g)))) for g in groups)
+    bufs = tuple(np.concatenate(list(map(pick, g)), axis=None) for g in groups)  # (flattened)
     return bufs, spec
 
 

@@ -44,6 +44,7 @@ from pagedjax.worker.inputs import (
     pow2,
     prepare,
     prepare_explicit,
+    row_range,
 )
 from pagedjax.worker.packing import PackSpec, pack, unpack
 from pagedjax.worker import program_store
@@ -277,7 +278,7 @@ class Runner:
         batch, shape, idx = self.prepare_step(rows, prompt_lp, prev is not None)
         first, counter, fork_rows, sample_index = ib.sampling_layout(
             rows, idx, batch.meta.kv_lens, shape[1], forks)
-        ib.sample_pos[first] = np.arange(len(first), dtype=np.int32)
+        ib.sample_pos[first] = row_range(len(first))
         sampling = ib.step_sampling(first, counter, fork_rows, grammar_bits or {},
                                     len(sample_index), self.vocab_size, self.max_model_len)
         st = sampling.tensors()
