@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import random
+import signal
 import sys
 import time
 
@@ -154,22 +155,40 @@ def main(argv=None) -> int:
     rows = []
     pool = (futures.ProcessPoolExecutor(a.jobs, initializer=_init_worker, initargs=(cache,))
             if a.jobs > 1 else _Inline())
+    # A run stopped by SIGTERM (``timeout``) still writes what it compiled.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with pool as ex:
-        for i, (batch, used) in enumerate(ex.map(
-                check_one, variants, [archs] * len(variants), [a.headroom] * len(variants))):
-            for r in batch:
-                print(_fmt(r), flush=True)
-            rows += batch
-            cache.update(used)
-            if i % 50 == 49:  # a run stopped early still leaves what it compiled
-                _write(a, rows, cache, archs, total)
-    _write(a, rows, cache, archs, total)
+        try:
+            for i, (batch, used) in enumerate(ex.map(
+                    check_one, variants, [archs] * len(variants), [a.headroom] * len(variants))):
+                for r in batch:
+                    print(_fmt(r), flush=True)
+                rows += batch
+                cache.update(used)
+                if i % 10 == 9:
+                    _write(a, rows, cache, archs, total)
+        finally:
+            _write(a, rows, cache, archs, total)
     failed = [r for r in rows if not r["ok"]]
     for line in summary_lines(rows):
         print(line)
     print(f"{len(variants)} variants x {len(archs)} archs in {time.perf_counter() - t0:.0f} s: "
           f"{len(failed)} failed")
     return 1 if failed else 0
+
+
+class _Inline:
+    """``--jobs 1``: the executor interface, run in this process."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    @staticmethod
+    def map(fn, *iterables):
+        return map(fn, *iterables)
 
 
 def _write(a, rows, cache, archs, total) -> None:

@@ -4,7 +4,7 @@ A variant is the shared attention axes (:mod:`variant_axes`: decode or
 mixed, head size, GQA group, page dtype, page size, window, soft cap) plus
 the Triton kernel's own knobs: KV splits (one, or several: flash-decoding)
 and the block sizes, warps and pipeline stages (None: the kernel's own
-choice, :func:`triton_gpu.plan` and ``triton_gpu.NUM_WARPS``). Queries
+choice, :func:`triton_plan.plan` and ``triton_plan.NUM_WARPS``). Queries
 are bf16, as the engine runs models on a GPU. :func:`call` returns a
 function and ``jax.ShapeDtypeStruct`` arguments for :mod:`gpu_compile`.
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from pagedjax.kernels_pallas.pallas import triton_gpu
+from pagedjax.kernels_pallas.pallas import triton_gpu, triton_plan
 from pagedjax.kernels_pallas.pallas import variant_axes as va
 from pagedjax.kernels_pallas.pallas.variant_axes import (  # noqa: F401 - the axes, re-exported
     GROUPS, HEAD_DIMS, KINDS, PAGE_DTYPES, PAGE_SIZES, SOFT_CAP, WINDOW)
@@ -42,10 +42,12 @@ class GpuVariant(va.Variant):
 
     def plan(self):
         """The kernel's static plan for this variant: (BQ, M, BK, tiles, splits)."""
-        return triton_gpu.plan(self.tokens, self.seqs, self.group * self.num_kv_heads,
-                               self.num_kv_heads, self.head_dim, self.page_size,
-                               self.pages_per_seq, 1 if self.kind == "decode" else None,
-                               self.block_q, self.block_k, self.kv_splits)
+        return triton_plan.plan(self.tokens, self.seqs, self.group * self.num_kv_heads,
+                                self.num_kv_heads, self.head_dim, self.page_size,
+                                self.pages_per_seq, 1 if self.kind == "decode" else None,
+                                self.block_q, self.block_k, self.kv_splits,
+                                page_dtype=self.page_dtype, window=self.window,
+                                soft_cap=self.soft_cap)
 
 
 def call(v: GpuVariant):
