@@ -27,11 +27,11 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
-SETS = ("representative", "full", "mixed", "groups")
+SETS = ("representative", "full", "mixed", "groups", "steps")
 
 
 def _variants(name: str, **tune):
-    from pagedjax.kernels_pallas.pallas import gpu_variants as gv
+    from pagedjax.kernels_pallas.pallas import gpu_variants as gv, triton_plan
 
     if name == "full":
         out = gv.full_matrix()
@@ -41,8 +41,14 @@ def _variants(name: str, **tune):
     elif name == "groups":  # every GQA group x page size, decode and mixed, d128 int8
         out = [gv.GpuVariant(k, 128, g, "int8", ps, True, True, 1)
                for k in gv.KINDS for g in gv.GROUPS for ps in gv.PAGE_SIZES]
+    elif name == "steps":  # the step table's variants (triton_plan.HALF_BLOCK)
+        out = [gv.GpuVariant(k, d, g, dt, ps, w, c, 4 if split else 1)
+               for k, d, g, dt, ps, w, c, split in sorted(triton_plan.HALF_BLOCK)]
     else:
         out = gv.representative()
+    if tune.pop("default_block", False):  # the default key block: no step table
+        out = [dataclasses.replace(v, block_k=triton_plan.default_block_k(
+            v.head_dim, v.pages_per_seq * v.page_size)) for v in out]
     tune = {k: x for k, x in tune.items() if x}
     return [dataclasses.replace(v, **tune) for v in out]
 
@@ -130,6 +136,9 @@ def main(argv=None) -> int:
     ap.add_argument("--num-stages", type=int, help="override the kernel's choice")
     ap.add_argument("--block-k", type=int, help="override the kernel's choice")
     ap.add_argument("--block-q", type=int, help="override the kernel's choice")
+    ap.add_argument("--default-block", action="store_true",
+                    help="the default key block for every variant (no step table: "
+                         "kernels_pallas/pallas/triton_plan.py)")
     ap.add_argument("--headroom", type=int, default=16, help="spare registers required")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--shuffle", type=int, metavar="SEED",
@@ -142,7 +151,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     archs = tuple(a.arch or gc.ARCHS)
     variants = _variants(a.set, num_warps=a.num_warps, num_stages=a.num_stages,
-                         block_k=a.block_k, block_q=a.block_q)
+                         block_k=a.block_k, block_q=a.block_q, default_block=a.default_block)
     if a.shuffle is not None:
         random.Random(a.shuffle).shuffle(variants)
     total = len(variants)  # the whole set, for the reports
