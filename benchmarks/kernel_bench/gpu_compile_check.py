@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import signal
 import sys
 import time
@@ -42,8 +43,7 @@ def _variants(name: str, **tune):
         out = [gv.GpuVariant(k, 128, g, "int8", ps, True, True, 1)
                for k in gv.KINDS for g in gv.GROUPS for ps in gv.PAGE_SIZES]
     elif name == "steps":  # the step table's variants (triton_plan.HALF_BLOCK)
-        out = [gv.GpuVariant(k, d, g, dt, ps, w, c, 4 if split else 1)
-               for k, d, g, dt, ps, w, c, split in sorted(triton_plan.HALF_BLOCK)]
+        out = gv.step_table()
     else:
         out = gv.representative()
     if tune.pop("default_block", False):  # the default key block: no step table
@@ -148,20 +148,18 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--cache", help="compile results by Triton IR hash: read, then updated")
     ap.add_argument("--figure", help="write a compact per-variant table here")
+    ap.add_argument("--recheck", action="store_true",
+                    help="with --json: check again only that file's variants that failed or "
+                         "whose key block the plan now changes, and rewrite it")
     a = ap.parse_args(argv)
     archs = tuple(a.arch or gc.ARCHS)
-    variants = _variants(a.set, num_warps=a.num_warps, num_stages=a.num_stages,
-                         block_k=a.block_k, block_q=a.block_q, default_block=a.default_block)
-    if a.shuffle is not None:
-        random.Random(a.shuffle).shuffle(variants)
-    total = len(variants)  # the whole set, for the reports
-    variants = variants[:a.limit]
+    variants, total, kept = _select(a)
     t0 = time.perf_counter()
     print(f"{'variant':<52} {'arch':<7} {'regs':>4} {'spill':>5} {'smemKB':>7} {'warps':>5} "
           f"{'blk/SM':>6} {'occ':>5} {'limiter':<9} status", flush=True)
     cache = _load(a.cache)
     _CACHE.update(cache)
-    rows = []
+    rows = list(kept)
     pool = (futures.ProcessPoolExecutor(a.jobs, initializer=_init_worker, initargs=(cache,))
             if a.jobs > 1 else _Inline())
     # A run stopped by SIGTERM (``timeout``) still writes what it compiled.
@@ -184,6 +182,35 @@ def main(argv=None) -> int:
     print(f"{len(variants)} variants x {len(archs)} archs in {time.perf_counter() - t0:.0f} s: "
           f"{len(failed)} failed")
     return 1 if failed else 0
+
+
+def _select(a):
+    """(variants to check, size of the whole set, rows kept from ``--json``)."""
+    if a.recheck:
+        prev = _load(a.json)
+        variants = stale(prev["rows"])
+        labels = {v.label for v in variants}
+        return variants, prev["variants"], [r for r in prev["rows"] if r["variant"] not in labels]
+    variants = _variants(a.set, num_warps=a.num_warps, num_stages=a.num_stages,
+                         block_k=a.block_k, block_q=a.block_q, default_block=a.default_block)
+    if a.shuffle is not None:
+        random.Random(a.shuffle).shuffle(variants)
+    return variants[:a.limit], len(variants), []
+
+
+def stale(rows) -> list:
+    """The variants of ``rows`` to check again after a plan change: those that
+    failed, and those compiled with another key block than the plan now picks
+    (the kernel's name carries its block: ``..._k64_...``)."""
+    from pagedjax.kernels_pallas.pallas import gpu_variants as gv
+
+    out = {}
+    for r in rows:
+        v = gv.GpuVariant(**r["axes"])
+        block = re.search(r"_k(\d+)_", r.get("name") or "")
+        if not r["ok"] or (block and int(block.group(1)) != v.plan()[2]):
+            out[r["variant"]] = v
+    return list(out.values())
 
 
 class _Inline:

@@ -40,6 +40,12 @@ class GpuVariant(va.Variant):
                                                  ("st", self.num_stages)) if v)
         return f"{self.base_label} s{self.kv_splits}{bk}{tune}"
 
+    @property
+    def step_key(self) -> tuple:
+        """The fields :data:`triton_plan.HALF_BLOCK` matches."""
+        return (self.kind, self.head_dim, self.group, self.page_dtype, self.page_size,
+                self.window, self.soft_cap, self.kv_splits > 1)
+
     def plan(self):
         """The kernel's static plan for this variant: (BQ, M, BK, tiles, splits)."""
         return triton_plan.plan(self.tokens, self.seqs, self.group * self.num_kv_heads,
@@ -78,6 +84,11 @@ def representative() -> list[GpuVariant]:
     out += [GpuVariant("mixed", 64, 3, "bfloat16", 16, False, True, 4),
             GpuVariant("mixed", 128, 7, "float8_e4m3fn", 128, False, False, 1)]
     return out
+
+
+def step_table() -> list[GpuVariant]:
+    """The variants of the matrix whose key block the plan halves (the step table)."""
+    return [v for v in full_matrix() if triton_plan.halves_block(v.step_key)]
 
 
 def unsupported(v: GpuVariant, arch: str) -> str | None:

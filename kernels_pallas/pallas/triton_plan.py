@@ -59,17 +59,29 @@ _TARGET_PROGRAMS = 264
 _MAX_SPLITS = 16
 
 # Variants whose default key block sits a few registers over an occupancy step on
-# sm_90a (module docstring): (tiles, head size, GQA group, page dtype, page size,
-# sliding window, soft cap, several KV splits), tiles "decode" (one query row of
-# one sequence) or "mixed". Their key block is halved.
-HALF_BLOCK = frozenset({
+# sm_90a (module docstring), as patterns of (tiles, head size, GQA group, page dtype,
+# page size, sliding window, soft cap, several KV splits); tiles are "decode" (one
+# query row of one sequence) or "mixed"; None matches every value (a family checked
+# whole: every member compiles without a spill with the halved block). Their key
+# block is halved.
+HALF_BLOCK = (
     ("mixed", 256, 4, "float8_e4m3fn", 16, True, True, False),
     ("decode", 256, 7, "float8_e4m3fn", 16, True, True, False),
     ("mixed", 128, 8, "bfloat16", 64, True, True, True),
     ("mixed", 128, 4, "bfloat16", 16, False, False, True),
-    ("decode", 64, 7, "bfloat16", 64, False, False, True),
-    ("decode", 64, 2, "bfloat16", 64, False, False, True),
-})
+    ("decode", 64, None, "bfloat16", 64, False, None, True),
+    ("decode", 128, None, "bfloat16", 128, True, None, False),
+)
+
+
+def matches(row: tuple, key: tuple) -> bool:
+    """Whether a variant's ``key`` (the fields of :data:`HALF_BLOCK`) matches ``row``."""
+    return all(p is None or p == k for p, k in zip(row, key, strict=True))
+
+
+def halves_block(key: tuple) -> bool:
+    """Whether a variant's ``key`` matches a row of :data:`HALF_BLOCK`."""
+    return any(matches(row, key) for row in HALF_BLOCK)
 
 
 def next_pow2(x: int) -> int:
@@ -127,7 +139,7 @@ def plan(t: int, s: int, hq: int, hkv: int, d: int, page_size: int, pages_per_se
         want = -(-_TARGET_PROGRAMS // (num_tiles * hkv))
         kv_splits = max(1, min(want, blocks, _MAX_SPLITS))
     kind = "decode" if block_q == 1 else "mixed"
-    if default_k and block_k > 16 and (kind, d, g, page_dtype, page_size, bool(window),
-                                       bool(soft_cap), kv_splits > 1) in HALF_BLOCK:
+    if default_k and block_k > 16 and halves_block(
+            (kind, d, g, page_dtype, page_size, bool(window), bool(soft_cap), kv_splits > 1)):
         block_k //= 2
     return block_q, m_rows, block_k, num_tiles, kv_splits
