@@ -317,7 +317,9 @@ def figure(rows, archs, headroom, total) -> dict:
         hlines=[dict(y=255 - headroom, label=f"255 - {headroom}: the headroom limit")],
         ylabel="registers per thread", ylim=[0, 270],
         commands=["python benchmarks/kernel_bench/gpu_compile_check.py --set full --shuffle 0 "
-                  "--jobs 2 --cache cache.json --figure fig.json"],
+                  "--cache cache.json --json out.json --figure fig.json",
+                  "python benchmarks/kernel_bench/gpu_compile_check.py --recheck --cache cache.json "
+                  "--json out.json --figure fig.json  # after a plan change"],
         date="2026-12-05", machine=MACHINE, archs=list(archs), headroom=headroom,
         matrix=total, compiled=len(table), failed=failed,
         columns=["registers", "spill_bytes", "shared_kib", "warps", "blocks_per_sm"],
