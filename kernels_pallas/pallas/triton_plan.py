@@ -65,17 +65,19 @@ _MAX_SPLITS = 16
 # docstring; on sm_90a, one family on sm_80), with the step they spilled at, as
 # patterns of (tiles, head size, GQA group, page dtype, page size, sliding window,
 # soft cap, several KV splits); tiles are "decode" (one query row of one sequence) or
-# "mixed"; None matches every value (a family checked whole: every member compiles
-# without a spill with the halved block). Their key block is halved.
+# "mixed"; None matches every value: a family checked whole (some members spilled,
+# the others sat within 6 registers of the same step; every member compiles without a
+# spill with the halved block). Their key block is halved.
 HALF_BLOCK = (
-    (None, 256, None, "float8_e4m3fn", 16, True, True, False),  # 128 registers
+    (None, 256, None, "float8_e4m3fn", 16, True, True, None),  # 128 registers
     (None, 128, None, "bfloat16", 128, True, None, False),  # 80
     ("mixed", 128, None, "bfloat16", 64, True, None, True),  # 80
     (None, 128, None, "bfloat16", 16, False, False, True),  # 80
     (None, 128, 8, "int8", 128, True, False, False),  # 80
     ("decode", 128, None, "bfloat16", 64, False, None, True),  # 80
     ("decode", 64, None, "bfloat16", 64, False, None, True),  # 64
-    ("decode", 64, None, "int8", 16, False, True, True),  # 80 on sm_80
+    (None, 256, None, "int8", 16, True, True, None),  # 128
+    ("decode", 64, None, "int8", 16, False, None, True),  # 80 on sm_80
 )
 
 
