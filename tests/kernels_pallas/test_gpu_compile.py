@@ -124,7 +124,7 @@ def test_tile_plan_keeps_every_tile_on_8_warps():
     assert gv.GpuVariant("mixed", 128, 4, "bfloat16", 16, kv_splits=1).plan()[2] == 64
     assert gv.GpuVariant("mixed", 128, 4, "bfloat16", 16, kv_splits=4).plan()[2] == 32
     assert gv.GpuVariant("mixed", 256, 4, "float8_e4m3fn", 16, True, True).plan()[2] == 16
-    assert gv.GpuVariant("mixed", 256, 4, "int8", 16, True, True).plan()[2] == 32
+    assert gv.GpuVariant("mixed", 256, 4, "bfloat16", 16, True, True).plan()[2] == 32
     fn, args = gv.call(gv.GpuVariant("mixed", 128, 4))
     (kernel,) = gc.capture(fn, *args)
     assert kernel.num_warps == triton_plan.NUM_WARPS == 8
