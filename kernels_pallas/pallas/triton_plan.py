@@ -71,10 +71,9 @@ _MAX_SPLITS = 16
 HALF_BLOCK = (
     (None, 256, None, "float8_e4m3fn", 16, True, True, None),  # 128 registers
     (None, 128, None, "bfloat16", 128, True, None, False),  # 80
-    ("mixed", 128, None, "bfloat16", 64, True, None, True),  # 80
+    (None, 128, None, "bfloat16", 64, None, None, True),  # 80
     (None, 128, None, "bfloat16", 16, False, False, True),  # 80
     (None, 128, 8, "int8", 128, True, False, False),  # 80
-    ("decode", 128, None, "bfloat16", 64, False, None, True),  # 80
     ("decode", 64, None, "bfloat16", 64, False, None, True),  # 64
     (None, 256, None, "int8", 16, True, True, None),  # 128
     ("decode", 64, None, "int8", 16, False, None, True),  # 80 on sm_80
