@@ -21,16 +21,18 @@ import hashlib
 import json
 import os
 import random
+import re
+import signal
 import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
-SETS = ("representative", "full", "mixed", "groups")
+SETS = ("representative", "full", "mixed", "groups", "steps")
 
 
 def _variants(name: str, **tune):
-    from pagedjax.kernels_pallas.pallas import gpu_variants as gv
+    from pagedjax.kernels_pallas.pallas import gpu_variants as gv, triton_plan
 
     if name == "full":
         out = gv.full_matrix()
@@ -40,8 +42,13 @@ def _variants(name: str, **tune):
     elif name == "groups":  # every GQA group x page size, decode and mixed, d128 int8
         out = [gv.GpuVariant(k, 128, g, "int8", ps, True, True, 1)
                for k in gv.KINDS for g in gv.GROUPS for ps in gv.PAGE_SIZES]
+    elif name == "steps":  # the step table's variants (triton_plan.HALF_BLOCK)
+        out = gv.step_table()
     else:
         out = gv.representative()
+    if tune.pop("default_block", False):  # the default key block: no step table
+        out = [dataclasses.replace(v, block_k=triton_plan.default_block_k(
+            v.head_dim, v.pages_per_seq * v.page_size)) for v in out]
     tune = {k: x for k, x in tune.items() if x}
     return [dataclasses.replace(v, **tune) for v in out]
 
@@ -129,6 +136,9 @@ def main(argv=None) -> int:
     ap.add_argument("--num-stages", type=int, help="override the kernel's choice")
     ap.add_argument("--block-k", type=int, help="override the kernel's choice")
     ap.add_argument("--block-q", type=int, help="override the kernel's choice")
+    ap.add_argument("--default-block", action="store_true",
+                    help="the default key block for every variant (no step table: "
+                         "kernels_pallas/pallas/triton_plan.py)")
     ap.add_argument("--headroom", type=int, default=16, help="spare registers required")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--shuffle", type=int, metavar="SEED",
@@ -138,38 +148,83 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--cache", help="compile results by Triton IR hash: read, then updated")
     ap.add_argument("--figure", help="write a compact per-variant table here")
+    ap.add_argument("--recheck", action="store_true",
+                    help="with --json: check again only that file's variants that failed or "
+                         "whose key block the plan now changes, and rewrite it")
     a = ap.parse_args(argv)
     archs = tuple(a.arch or gc.ARCHS)
-    variants = _variants(a.set, num_warps=a.num_warps, num_stages=a.num_stages,
-                         block_k=a.block_k, block_q=a.block_q)
-    if a.shuffle is not None:
-        random.Random(a.shuffle).shuffle(variants)
-    total = len(variants)  # the whole set, for the reports
-    variants = variants[:a.limit]
+    variants, total, kept = _select(a)
     t0 = time.perf_counter()
     print(f"{'variant':<52} {'arch':<7} {'regs':>4} {'spill':>5} {'smemKB':>7} {'warps':>5} "
           f"{'blk/SM':>6} {'occ':>5} {'limiter':<9} status", flush=True)
     cache = _load(a.cache)
     _CACHE.update(cache)
-    rows = []
+    rows = list(kept)
     pool = (futures.ProcessPoolExecutor(a.jobs, initializer=_init_worker, initargs=(cache,))
             if a.jobs > 1 else _Inline())
+    # A run stopped by SIGTERM (``timeout``) still writes what it compiled.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with pool as ex:
-        for i, (batch, used) in enumerate(ex.map(
-                check_one, variants, [archs] * len(variants), [a.headroom] * len(variants))):
-            for r in batch:
-                print(_fmt(r), flush=True)
-            rows += batch
-            cache.update(used)
-            if i % 50 == 49:  # a run stopped early still leaves what it compiled
-                _write(a, rows, cache, archs, total)
-    _write(a, rows, cache, archs, total)
+        try:
+            for i, (batch, used) in enumerate(ex.map(
+                    check_one, variants, [archs] * len(variants), [a.headroom] * len(variants))):
+                for r in batch:
+                    print(_fmt(r), flush=True)
+                rows += batch
+                cache.update(used)
+                if i % 10 == 9:
+                    _write(a, rows, cache, archs, total)
+        finally:
+            _write(a, rows, cache, archs, total)
     failed = [r for r in rows if not r["ok"]]
     for line in summary_lines(rows):
         print(line)
     print(f"{len(variants)} variants x {len(archs)} archs in {time.perf_counter() - t0:.0f} s: "
           f"{len(failed)} failed")
     return 1 if failed else 0
+
+
+def _select(a):
+    """(variants to check, size of the whole set, rows kept from ``--json``)."""
+    if a.recheck:
+        prev = _load(a.json)
+        variants = stale(prev["rows"])
+        labels = {v.label for v in variants}
+        return variants, prev["variants"], [r for r in prev["rows"] if r["variant"] not in labels]
+    variants = _variants(a.set, num_warps=a.num_warps, num_stages=a.num_stages,
+                         block_k=a.block_k, block_q=a.block_q, default_block=a.default_block)
+    if a.shuffle is not None:
+        random.Random(a.shuffle).shuffle(variants)
+    return variants[:a.limit], len(variants), []
+
+
+def stale(rows) -> list:
+    """The variants of ``rows`` to check again after a plan change: those that
+    failed, and those compiled with another key block than the plan now picks
+    (the kernel's name carries its block: ``..._k64_...``)."""
+    from pagedjax.kernels_pallas.pallas import gpu_variants as gv
+
+    out = {}
+    for r in rows:
+        v = gv.GpuVariant(**r["axes"])
+        block = re.search(r"_k(\d+)_", r.get("name") or "")
+        if not r["ok"] or (block and int(block.group(1)) != v.plan()[2]):
+            out[r["variant"]] = v
+    return list(out.values())
+
+
+class _Inline:
+    """``--jobs 1``: the executor interface, run in this process."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    @staticmethod
+    def map(fn, *iterables):
+        return map(fn, *iterables)
 
 
 def _write(a, rows, cache, archs, total) -> None:
@@ -262,7 +317,9 @@ def figure(rows, archs, headroom, total) -> dict:
         hlines=[dict(y=255 - headroom, label=f"255 - {headroom}: the headroom limit")],
         ylabel="registers per thread", ylim=[0, 270],
         commands=["python benchmarks/kernel_bench/gpu_compile_check.py --set full --shuffle 0 "
-                  "--jobs 2 --cache cache.json --figure fig.json"],
+                  "--cache cache.json --json out.json --figure fig.json",
+                  "python benchmarks/kernel_bench/gpu_compile_check.py --recheck --cache cache.json "
+                  "--json out.json --figure fig.json  # after a plan change"],
         date="2026-12-05", machine=MACHINE, archs=list(archs), headroom=headroom,
         matrix=total, compiled=len(table), failed=failed,
         columns=["registers", "spill_bytes", "shared_kib", "warps", "blocks_per_sm"],

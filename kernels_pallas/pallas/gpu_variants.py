@@ -4,7 +4,7 @@ A variant is the shared attention axes (:mod:`variant_axes`: decode or
 mixed, head size, GQA group, page dtype, page size, window, soft cap) plus
 the Triton kernel's own knobs: KV splits (one, or several: flash-decoding)
 and the block sizes, warps and pipeline stages (None: the kernel's own
-choice, :func:`triton_gpu.plan` and ``triton_gpu.NUM_WARPS``). Queries
+choice, :func:`triton_plan.plan` and ``triton_plan.NUM_WARPS``). Queries
 are bf16, as the engine runs models on a GPU. :func:`call` returns a
 function and ``jax.ShapeDtypeStruct`` arguments for :mod:`gpu_compile`.
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from pagedjax.kernels_pallas.pallas import triton_gpu
+from pagedjax.kernels_pallas.pallas import triton_gpu, triton_plan
 from pagedjax.kernels_pallas.pallas import variant_axes as va
 from pagedjax.kernels_pallas.pallas.variant_axes import (  # noqa: F401 - the axes, re-exported
     GROUPS, HEAD_DIMS, KINDS, PAGE_DTYPES, PAGE_SIZES, SOFT_CAP, WINDOW)
@@ -40,12 +40,20 @@ class GpuVariant(va.Variant):
                                                  ("st", self.num_stages)) if v)
         return f"{self.base_label} s{self.kv_splits}{bk}{tune}"
 
+    @property
+    def step_key(self) -> tuple:
+        """The fields :data:`triton_plan.HALF_BLOCK` matches."""
+        return (self.kind, self.head_dim, self.group, self.page_dtype, self.page_size,
+                self.window, self.soft_cap, self.kv_splits > 1)
+
     def plan(self):
         """The kernel's static plan for this variant: (BQ, M, BK, tiles, splits)."""
-        return triton_gpu.plan(self.tokens, self.seqs, self.group * self.num_kv_heads,
-                               self.num_kv_heads, self.head_dim, self.page_size,
-                               self.pages_per_seq, 1 if self.kind == "decode" else None,
-                               self.block_q, self.block_k, self.kv_splits)
+        return triton_plan.plan(self.tokens, self.seqs, self.group * self.num_kv_heads,
+                                self.num_kv_heads, self.head_dim, self.page_size,
+                                self.pages_per_seq, 1 if self.kind == "decode" else None,
+                                self.block_q, self.block_k, self.kv_splits,
+                                page_dtype=self.page_dtype, window=self.window,
+                                soft_cap=self.soft_cap)
 
 
 def call(v: GpuVariant):
@@ -76,6 +84,11 @@ def representative() -> list[GpuVariant]:
     out += [GpuVariant("mixed", 64, 3, "bfloat16", 16, False, True, 4),
             GpuVariant("mixed", 128, 7, "float8_e4m3fn", 128, False, False, 1)]
     return out
+
+
+def step_table() -> list[GpuVariant]:
+    """The variants of the matrix whose key block the plan halves (the step table)."""
+    return [v for v in full_matrix() if triton_plan.halves_block(v.step_key)]
 
 
 def unsupported(v: GpuVariant, arch: str) -> str | None:

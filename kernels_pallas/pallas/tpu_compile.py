@@ -57,9 +57,35 @@ def tpu_devices(topology: str) -> list:
 
 @contextlib.contextmanager
 def on_device(device):
-    """Lower and compile for ``device`` (Mosaic asks the default device its chip kind)."""
-    with jax.default_device(device):
+    """Lower and compile for ``device`` (Mosaic asks the default device its chip kind),
+    with the persistent compilation cache off (:func:`no_persistent_cache`)."""
+    with jax.default_device(device), no_persistent_cache():
         yield
+
+
+@contextlib.contextmanager
+def no_persistent_cache():
+    """JAX's persistent compilation cache, if a folder is set, neither read nor
+    written inside the block: an executable compiled for compile-only devices
+    can be serialized but not read back without a client ("PjRtCompiler must be
+    constructed with a Client"), so caching it only leaves entries that warn on
+    every later compile. JAX decides once whether the cache is used; resetting
+    it before and after makes it decide again (the folder reopens on the next
+    compile outside)."""
+    from jax.experimental.compilation_cache import compilation_cache as cc
+
+    try:
+        before = jax.config.jax_enable_compilation_cache
+    except AttributeError:  # a jax without the switch
+        yield
+        return
+    jax.config.update("jax_enable_compilation_cache", False)
+    cc.reset_cache()
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", before)
+        cc.reset_cache()
 
 
 @dataclasses.dataclass(frozen=True)

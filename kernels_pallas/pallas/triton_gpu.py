@@ -56,35 +56,8 @@ Softmax is online in f32 (running max ``m``, sum ``l``, accumulator
 ``acc``); masked logits are replaced (not added to) and their probabilities
 forced to 0, so fully masked rows give 0, never NaN.
 
-Block sizes and warps (register headroom). The K/V tiles are gathered
-through tensors of pointers (one 64-bit address per vector until the load),
-so registers per thread grow with ``BK * D`` and ``M * D`` over the threads of
-a block. Compiled for sm_90a and sm_80 (kernels_pallas/pallas/gpu_compile.py):
-
-* mixed tiles of ``M = 64`` rows on 4 warps used 242-255 registers at
-  ``D = 128`` and spilled at ``D = 256``: hence tiles of at most 32 rows;
-* with 4-warp blocks, ptxas spilled 4-36 B in some variants at exactly 96,
-  128 or 168 registers. Those are *occupancy steps*: the most registers at
-  which one more block still fits on an SM (65,536 / (128 threads x r)).
-  When a kernel needs a few registers more than a step, ptxas caps it at the
-  step and spills the rest (ptxas 12 for sm_80 does it with any flags;
-  ptxas 13 for sm_90a with triton's ``--regAllocOptLevel=2``). It is not
-  register pressure, and ``maxnreg``, which would pin the count, is not a
-  Pallas compiler parameter; the remedy is to keep each tile's count away
-  from steps. Steps are dense for 4-warp blocks (64, 72, 80, 96, 128, 168)
-  and sparse for 8-warp blocks (64, 80, 128: 4, 3 and 2 blocks per SM).
-
-So every program runs on ``NUM_WARPS = 8``; mixed tiles hold ``M = 32`` query
-rows (``BQ = 32 // G``) at ``D <= 64`` and 16 rows above, like decode tiles;
-``BK`` = 64 keys (32 at ``D = 256``). Every tile then needs at most 128
-registers (at least 127 spare), gets 2 blocks of 8 warps per SM (25%
-occupancy; 3-4 blocks where it needs 80 or fewer), where 4-warp mixed tiles
-of 32 rows at ``D >= 128`` get 12-19%. On sm_80 no compile of the checked
-variants spills; on sm_90a about 2 in 100 still land exactly on the 64-, 80-
-or 128-register step and spill 8-16 B under triton's allocator flag, which
-ptxas' default allocator fits with no spill (BENCHMARKS.md lists them; the
-check still fails them). The cost: at ``D >= 128`` a prefill chunk's keys
-are read once per 16 query rows (from L2 mostly).
+Block sizes, warps and stages: ``triton_plan.py`` (register headroom, and
+the variants whose key block is halved to stay clear of an occupancy step).
 
 Native limits (checked, ValueError): head_dim a power of two >= 16 (Triton
 dot); ``interpret=True`` accepts any power of two so CPU tests can stay tiny.
@@ -94,7 +67,6 @@ dot); ``interpret=True`` accepts any power of two so CPU tests can stay tiny.
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -103,27 +75,17 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pagedjax.kernels_pallas.reference import check_args
+from pagedjax.kernels_pallas.pallas.triton_plan import (  # noqa: F401 - plan names, re-exported
+    NUM_STAGES, NUM_WARPS, chunk_geometry, mixed_rows, plan)
 from pagedjax.kernels_pallas.tiling import tile_table
 
 _NEG = -1e30
-# Query rows of a mixed tile (BQ * G, rounded up to a power of two) by head size,
-# and warps per program: register headroom (module docstring).
-_SMALL_HEAD, _SMALL_HEAD_ROWS = 64, 32  # larger heads: 16 rows, as decode tiles
-_TILE_ROWS = 16
-NUM_WARPS = 8
-# Programs wanted in flight for a decode step: ~2 waves on an H100/H200.
-_TARGET_PROGRAMS = 264
-_MAX_SPLITS = 16
 
 
 def _compiler_params(num_warps: int, num_stages: int):
     """Triton compiler params; the class was renamed across JAX versions."""
     cls = getattr(plgpu, "CompilerParams", None) or getattr(plgpu, "TritonCompilerParams")
     return cls(num_warps=num_warps, num_stages=num_stages)
-
-
-def _next_pow2(x: int) -> int:
-    return 1 << max(0, math.ceil(math.log2(max(1, x))))
 
 
 def _gpu_load(ref, mask, other):
@@ -138,21 +100,6 @@ def _gpu_store(ref, val, mask):
     if store is not None:
         return store(ref, val, mask=mask)
     return pl.store(ref, (), val, mask=mask)  # pragma: no cover (old API)
-
-
-def chunk_geometry(page_size: int, block_k: int) -> tuple[int, int, int]:
-    """How a ``block_k``-key block maps onto pages: ``(R, chunks_per_page, PPB)``.
-
-    A chunk is ``R`` rows of one page read as one dense tile; a block is
-    ``PPB`` consecutive chunks (``PPB * R == block_k``). Pages of at most
-    ``block_k`` tokens are one chunk each (``R = next_pow2(page_size)``);
-    larger pages are cut into ``ceil(page_size / block_k)`` chunks of
-    ``R = block_k`` rows and a block is one chunk.
-    """
-    r = _next_pow2(page_size)
-    if r <= block_k:
-        return r, 1, block_k // r
-    return block_k, -(-page_size // block_k), 1
 
 
 def _kernel(
@@ -313,41 +260,12 @@ def compute_capability() -> tuple[int, int] | None:
     return int(major), int(minor)
 
 
-def plan(t: int, s: int, hq: int, hkv: int, d: int, page_size: int, pages_per_seq: int,
-         max_q_len: int | None, block_q=None, block_k=None, kv_splits=None):
-    """Static block sizes: (BQ, M, BK, num_tiles, kv_splits)."""
-    g = hq // hkv
-    if block_q is None:
-        bound = t if max_q_len is None else min(max_q_len, t)
-        block_q = 1 if bound <= 1 else max(1, min(bound, mixed_rows(d) // g))
-    m_rows = _next_pow2(max(block_q * g, _TILE_ROWS))
-    num_tiles = t if block_q == 1 else min(t, -(-t // block_q) + s)
-    num_tiles = max(num_tiles, 1)
-    ctx = pages_per_seq * page_size
-    if block_k is None:
-        block_k = 64 if d <= 128 else 32
-        block_k = max(16, min(block_k, _next_pow2(ctx)))
-    elif block_k < 16 or block_k & (block_k - 1):
-        raise ValueError(f"block_k: must be a power of two >= 16, got {block_k}")
-    if kv_splits is None:
-        _, nsub, ppb = chunk_geometry(page_size, block_k)
-        blocks = -(-pages_per_seq * nsub // ppb)  # blocks of the longest possible context
-        want = -(-_TARGET_PROGRAMS // (num_tiles * hkv))
-        kv_splits = max(1, min(want, blocks, _MAX_SPLITS))
-    return block_q, m_rows, block_k, num_tiles, kv_splits
-
-
-def mixed_rows(d: int) -> int:
-    """Query rows (``BQ * G``) of a mixed tile at head size ``d``."""
-    return _SMALL_HEAD_ROWS if d <= _SMALL_HEAD else _TILE_ROWS
-
-
 def ragged_paged_attention(
     q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, *,
     sm_scale: float, sliding_window: int | None = None, soft_cap: float | None = None,
     kv_scales=None, max_q_len: int | None = None, interpret: bool = False,
     block_q: int | None = None, block_k: int | None = None, kv_splits: int | None = None,
-    num_warps: int | None = None, num_stages: int = 2,
+    num_warps: int | None = None, num_stages: int = NUM_STAGES,
 ):
     """Triton-lowered ragged paged attention (contract: ``reference.py``).
 
@@ -367,7 +285,9 @@ def ragged_paged_attention(
     _, _, hkv, page_size, _ = kv_pages.shape
     s, p = page_table.shape
     bq, m_rows, bk, num_tiles, splits = plan(
-        t, s, hq, hkv, d, page_size, p, max_q_len, block_q, block_k, kv_splits)
+        t, s, hq, hkv, d, page_size, p, max_q_len, block_q, block_k, kv_splits,
+        page_dtype=jnp.dtype(kv_pages.dtype).name, window=sliding_window is not None,
+        soft_cap=soft_cap is not None)
     if num_warps is None:
         num_warps = NUM_WARPS
     return _run(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, kv_scales,

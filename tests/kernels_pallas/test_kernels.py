@@ -152,6 +152,20 @@ def test_gpu_flash_decoding_splits_agree():
     np.testing.assert_allclose(one, many, rtol=1e-5, atol=1e-6)
 
 
+def test_gpu_step_table_variant_halves_the_key_block_and_matches_reference():
+    """A variant of triton_plan.HALF_BLOCK (decode, head size 64, GQA 2, bf16 pages of 64
+    tokens, several KV splits) runs with 32-key blocks: two chunks per page."""
+    kv_lens = [150, 64, 7]
+    args, kw = make_case(71, [1, 1, 1], kv_lens, num_kv_heads=2, group=2, head_dim=64,
+                         page_size=64, kv_dtype="bf16", q_dtype=jnp.bfloat16)
+    t, p = args[0].shape[0], args[3].shape[1]
+    geometry = dict(t=t, s=4, hq=4, hkv=2, d=64, page_size=64, pages_per_seq=p, max_q_len=1,
+                    kv_splits=4)
+    assert triton_gpu.plan(**geometry, page_dtype="bfloat16")[2] == 32
+    assert triton_gpu.plan(**geometry, page_dtype="int8")[2] == 64
+    check("gpu", args, kw, tol=TOL["bf16"], max_q_len=1, kv_splits=4)
+
+
 @pytest.mark.parametrize("backend", ["xla", CPU_NATIVE, "pallas_gpu", "pallas_tpu"])
 def test_dispatcher_backends(backend):
     args, kw = make_case(10, **MIXED, num_kv_heads=3, group=3)

@@ -50,3 +50,34 @@ def test_oversized_block_fails_the_vmem_check():
 def test_unknown_topology_is_a_clear_error():
     with pytest.raises(RuntimeError, match="no device-less TPU target 'v99x:1x1'"):
         tc.tpu_devices("v99x:1x1")
+
+
+def test_tpu_compiles_leave_the_persistent_cache_alone(tmp_path):
+    """With a persistent cache folder set (as the engine sets one), compiles for a
+    compile-only TPU neither write an entry nor try to read one back (which warns:
+    such an executable cannot be deserialized without a client); outside them the
+    cache is in use again."""
+    import warnings
+
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache as cc
+
+    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+             "jax_persistent_cache_min_entry_size_bytes")
+    saved = {n: getattr(jax.config, n) for n in names}
+    try:
+        for n, value in zip(names, (str(tmp_path), 0.0, 0)):
+            jax.config.update(n, value)
+        cc.reset_cache()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            for _ in range(2):  # the second compile would read the first one's entry
+                tc.compile_variant(tc.TpuVariant("decode", 128, 4), "v5e")
+        assert not [w for w in seen if "compilation cache" in str(w.message)]
+        assert list(tmp_path.iterdir()) == []
+        jax.jit(lambda x: x * 3.0 + 1.0)(2.0)
+        assert len(list(tmp_path.iterdir())) == 1
+    finally:
+        for n, value in saved.items():
+            jax.config.update(n, value)
+        cc.reset_cache()
