@@ -115,9 +115,6 @@ def enable(root: str | None = None) -> str | None:
 
     # Whole programs on disk (program_store.py) skip tracing on a warm start; its
     # check that an entry carries its object code is XLA:CPU's, so on other
-    # platforms programs come back through JAX's cache alone. So do processes
-    # with several devices (forced host devices for tensor parallelism): a stored
-    # program is read back onto every local device, whatever it was compiled for.
-    one_cpu = jax.default_backend() == "cpu" and jax.device_count() == 1
-    program_store.set_root(path if one_cpu else None)
+    # platforms programs come back through JAX's cache alone.
+    program_store.set_root(path if jax.default_backend() == "cpu" else None)
     return path

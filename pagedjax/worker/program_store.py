@@ -180,6 +180,14 @@ def program_key(*parts: Any) -> str:
     return h.hexdigest()
 
 
+def spans_local_devices(num_devices: int) -> bool:
+    """Whether a program over ``num_devices`` can be stored: ``deserialize_and_load``
+    places a stored program on every local device, so one compiled for fewer (TP=1
+    or TP=2 beside 4 forced host devices) would expect as many shards as there are
+    devices when read back."""
+    return num_devices == jax.local_device_count()
+
+
 class StoredJit:
     """``jit_fn`` with its compiled programs kept in the store (module docstring).
 
@@ -187,10 +195,13 @@ class StoredJit:
     wrapper (the weights, the KV pool); their signature is taken once and only
     the other arguments' types and the static keywords pick a program per
     call. ``context``: what else the program depends on (the model, the
-    runner's settings), part of every key."""
+    runner's settings), part of every key. ``stored=False``: always the jitted
+    function (a program that does not span every local device: a stored program
+    is read back onto all of them, see :func:`spans_local_devices`)."""
 
-    def __init__(self, jit_fn, name: str, context: Any, fixed: int = 0):
+    def __init__(self, jit_fn, name: str, context: Any, fixed: int = 0, stored: bool = True):
         self.jit_fn = jit_fn
+        self.stored = stored
         self.name = name
         self.context = context
         self.fixed = fixed
@@ -204,7 +215,7 @@ class StoredJit:
                 signature(rest, shardings=False) if rest else None)
 
     def __call__(self, *args, **kw):
-        if _root is None:
+        if _root is None or not self.stored:
             return self.jit_fn(*args, **kw)
         local = self._local_key(args, kw)
         program = self._programs.get(local, _MISSING)

@@ -117,15 +117,17 @@ class Runner:
         # start then neither traces nor lowers. Besides its arguments, the step depends
         # on the model; the sampler also on s_max (its tokens' width).
         model_fp = program_store.model_fingerprint(model)
+        stored = program_store.spans_local_devices(self.mesh.size if self.mesh else 1)
         self.step_program = program_store.StoredJit(
             jax.jit(self._step_impl, static_argnames=("spec", "plan", "prompt_k", "pool"),
-                    donate_argnums=(1,), out_shardings=step_out), "step", model_fp, fixed=2)
+                    donate_argnums=(1,), out_shardings=step_out), "step", model_fp, fixed=2,
+            stored=stored)
         self.sampler_program = program_store.StoredJit(
             jax.jit(self._sample_impl, static_argnames=("spec", "num_logprobs", "backend")),
-            "sample", (model_fp, self.s_max))
+            "sample", (model_fp, self.s_max), stored=stored)
         self.copy_program = program_store.StoredJit(
             jax.jit(self._copy_impl, donate_argnums=(0,), out_shardings=copy_out), "copy", (),
-            fixed=1)
+            fixed=1, stored=stored)
         self._logits = None  # the logits head alone (logits_of), made on first use
         # Vision-language models: the encoder and image-row programs (mm_programs.py);
         # example encoder data per patch bucket, for warm-up (set by the engine).
