@@ -66,9 +66,10 @@ def running(server: str, gguf: str, *, slots: int, ctx: int, threads: int,
 def completion(url: str, prompt, n_predict: int, timeout: float = 3600.0) -> dict:
     """One greedy ``/completion`` of exactly ``n_predict`` tokens (EOS ignored, no
     prompt cache); ``prompt`` is text or a list of token ids. -> the server's answer
-    (``tokens_predicted``, ``timings``: its own counts and rates)."""
+    (``tokens_predicted``, ``timings``: its own counts and rates; ``tokens``: the
+    generated token ids, for the greedy agreement)."""
     body = {"prompt": prompt, "n_predict": int(n_predict), "temperature": 0.0, "top_k": 1,
-            "ignore_eos": True, "cache_prompt": False}
+            "ignore_eos": True, "cache_prompt": False, "return_tokens": True}
     req = urllib.request.Request(url + "/completion", json.dumps(body).encode(),
                                  {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as r:
