@@ -143,17 +143,8 @@ void rows4_nt(const QWork& w, const T* w0, const T* w1, const T* w2, const T* w3
     _mm_storeu_ps(w.y + (m + 1) * N + n, _mm_mul_ps(_mm256_extractf128_ps(s, 1), sc));
   }
   if (m < M) {  // the last odd row: the same sums as its pair would give
-    const float* xa = w.x + m * K;
-    __m256 a[8];
-    for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K; k += 8) {
-      const __m256 u = _mm256_loadu_ps(xa + k);
-      a[0] = _mm256_fmadd_ps(u, load8f(w0 + k), a[0]);
-      a[1] = _mm256_fmadd_ps(u, load8f(w1 + k), a[1]);
-      a[2] = _mm256_fmadd_ps(u, load8f(w2 + k), a[2]);
-      a[3] = _mm256_fmadd_ps(u, load8f(w3 + k), a[3]);
-    }
-    _mm_storeu_ps(w.y + m * N + n, _mm_mul_ps(_mm256_castps256_ps128(hsum8x8(a)), sc));
+    const __m128 s = pagedjax_tile::dot1x4(w.x + m * K, w0, w1, w2, w3, K);
+    _mm_storeu_ps(w.y + m * N + n, _mm_mul_ps(s, sc));
   }
 }
 #endif

@@ -520,12 +520,7 @@ class Scheduler:
                 # check_stop's own tests, first without the call (it can fire only then)
                 if tokens in req.finisher_ids or \
                         len(req.prompt_token_ids) + len(outs) >= req.max_num_tokens:
-                    was_waiting = req.status is not RUNNING
-                    if req.check_stop():
-                        any_finished = True
-                        if was_waiting:
-                            finished_waiting.append(req)
-                        self._release(req)
+                    any_finished |= self._stop_if_done(req, finished_waiting)
                 changed.append(req)
                 continue
             if not 1 <= len(tokens) <= num_samples:
@@ -539,18 +534,24 @@ class Scheduler:
             req.num_pending -= 1
             for member, token in zip(family, tokens):
                 member.output_token_ids.append(int(token))
-                was_waiting = member.status is not RUNNING
-                if member.check_stop():
-                    any_finished = True
-                    if was_waiting:
-                        finished_waiting.append(member)
-                    self._release(member)
+                any_finished |= self._stop_if_done(member, finished_waiting)
                 changed.append(member)
         for req in finished_waiting:
             self.waiting.remove(req)
         if any_finished:
             self.running = [r for r in self.running if not r.is_finished]
         return changed
+
+    def _stop_if_done(self, req: Request, finished_waiting: list[Request]) -> bool:
+        """Finish ``req`` if its last token ends it (EOS, stop token, length) and give
+        back its pages; one preempted meanwhile goes to ``finished_waiting``."""
+        was_waiting = req.status is not RequestStatus.RUNNING
+        if not req.check_stop():
+            return False
+        if was_waiting:
+            finished_waiting.append(req)
+        self._release(req)
+        return True
 
     def _update_spec(self, req: Request, row: ScheduledRow, tokens: list[int],
                      changed: list[Request]) -> None:
