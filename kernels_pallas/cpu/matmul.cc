@@ -38,9 +38,6 @@ constexpr int64_t kMG = 8;    // x rows per pass over w (w [K, N]); more: packed
 constexpr int64_t kPNC = 64;   // packed path: columns per task
 constexpr int64_t kPKC = 256;  // packed path: K block
 constexpr int64_t kKC = 8;     // w rows per pass (w [K, N])
-#ifdef PAGEDJAX_AVX2
-using pagedjax_simd::hsum8x8;
-#endif
 
 struct MatmulWork : pagedjax_parallel::Tasks {
   const float* x;
@@ -162,18 +159,9 @@ void block_nt(const MatmulWork& mw, int64_t n0, int64_t n1) {
         _mm_storeu_ps(mw.y + m * N + n4, _mm256_castps256_ps128(s));
         _mm_storeu_ps(mw.y + (m + 1) * N + n4, _mm256_extractf128_ps(s, 1));
       }
-      if (m < M) {
-        const float* xa = mw.x + m * K;
-        __m256 a[8];
-        for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_ps();
-        for (int64_t k = 0; k < K; k += 8) {
-          const __m256 u = _mm256_loadu_ps(xa + k);
-          a[0] = _mm256_fmadd_ps(u, _mm256_loadu_ps(w0 + k), a[0]);
-          a[1] = _mm256_fmadd_ps(u, _mm256_loadu_ps(w1 + k), a[1]);
-          a[2] = _mm256_fmadd_ps(u, _mm256_loadu_ps(w2 + k), a[2]);
-          a[3] = _mm256_fmadd_ps(u, _mm256_loadu_ps(w3 + k), a[3]);
-        }
-        _mm_storeu_ps(mw.y + m * N + n4, _mm256_castps256_ps128(hsum8x8(a)));
+      if (m < M) {  // the last odd row: the same sums as its pair would give
+        _mm_storeu_ps(mw.y + m * N + n4,
+                      pagedjax_tile::dot1x4(mw.x + m * K, w0, w1, w2, w3, K));
       }
     }
   }

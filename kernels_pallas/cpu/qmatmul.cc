@@ -82,7 +82,6 @@ using pagedjax_tile::load8f;
 using pagedjax_tile::load16f;
 #endif
 using pagedjax_tile::tile_rows;
-using pagedjax_simd::hsum8x8;
 #endif
 
 // out[:, n0:n1] = x[:, k0:k1] @ q[k0:k1, n0:n1], plain loops: the columns past the
