@@ -28,11 +28,12 @@ Prints a table and writes JSON (default benchmarks/results/hybrid_kv.json).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
 import time
+
+from pagedjax.benchmarks.throughput import write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
@@ -143,10 +144,7 @@ def main(argv=None) -> int:
               f"**{h['bytes'] / u['bytes']:.1%}** |")
     report = {"date": time.strftime("%Y-%m-%d"), "page_size": PAGE, "decode_tokens": DECODE,
               "chunk": ns.chunk, "rows": rows, "machine": machine.machine()}
-    os.makedirs(os.path.dirname(os.path.abspath(ns.json)), exist_ok=True)
-    with open(ns.json, "w") as f:
-        json.dump(report, f, indent=1)
-    print(f"wrote {ns.json}")
+    write_json(report, ns.json)
     return 0
 
 

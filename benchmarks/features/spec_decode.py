@@ -59,6 +59,8 @@ import sys
 import tempfile
 import time
 
+from pagedjax.benchmarks.throughput import write_json
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if __package__ in (None, ""):  # `python benchmarks/features/spec_decode.py`
     sys.path.insert(0, ROOT)
@@ -352,10 +354,7 @@ def main(argv=None) -> int:
     report["loadavg_end"] = machine.loadavg()
     print_table(report["cells"])
     print(machine.describe(report["machine"]))
-    os.makedirs(os.path.dirname(os.path.abspath(ns.json)), exist_ok=True)
-    with open(ns.json, "w") as f:
-        json.dump(report, f, indent=1)
-    print(f"wrote {ns.json}")
+    write_json(report, ns.json)
     return 0 if all("error" not in c for c in report["cells"]) else 1
 
 

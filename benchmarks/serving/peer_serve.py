@@ -18,7 +18,6 @@ every run). Prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -31,6 +30,7 @@ if __package__ in (None, ""):
 from benchmarks.serving import llama_server  # noqa: E402
 from pagedjax.benchmarks import serve  # noqa: E402
 from pagedjax.benchmarks.serve_server import free_port, pagedjax_command, start, stop  # noqa: E402
+from pagedjax.benchmarks.throughput import write_json  # noqa: E402
 
 NAME = "SmolLM2-135M-Instruct"
 FIGURES = [("request_throughput", "req/s", 1), ("output_throughput", "out tok/s", 1),
@@ -157,10 +157,7 @@ def main(argv=None) -> int:
     print(table(cmp, rounds))
     report = {"benchmark": "peer_serve", "args": vars(ns), "cpus": os.cpu_count(),
               "commands": commands(ns, 0), "rounds": rounds, "comparison": cmp}
-    os.makedirs(os.path.dirname(os.path.abspath(ns.json)), exist_ok=True)
-    with open(ns.json, "w") as f:
-        json.dump(report, f, indent=1)
-    print(f"wrote {ns.json}")
+    write_json(report, ns.json)
     return 0
 
 
