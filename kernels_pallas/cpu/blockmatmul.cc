@@ -46,6 +46,9 @@ namespace ffi = xla::ffi;
 using pagedjax_blocks::Comps;
 
 namespace {
+#ifndef PD
+#define PD 4
+#endif
 
 constexpr int64_t kKB = 4;   // 32-blocks per panel (W [K, N]): a 128 x 16 float panel (8 KiB)
 constexpr int64_t kNB = 64;  // W rows per task (W [N, K])
@@ -57,31 +60,34 @@ struct BlockWork : pagedjax_parallel::Tasks {
   float* y;
   int64_t M, K, N;
   bool transposed;
+  std::vector<float> partials;  // one row of x, W [K, N]: each chunk's sums [tasks][N]
   std::vector<float> xp;  // W [K, N]: x packed [(M + 5) / 6][K][6] (rows past M: zero)
   void run();
 };
 
 #ifdef PAGEDJAX_AVX2
-// y[0:MR, 0:16] (+)= xp @ panel over kc values of k: xp holds x's rows packed
-// [kc][6] (so every broadcast is at a fixed offset from one pointer), the panel
-// [kc][16]. Each output is one FMA chain over k in order, whatever MR is, and the
-// AVX-512 version (one register per row) gives the AVX2 one's bits.
+// y[0:MR, 0:16] = (first) or += (else) xp @ panel over kc values of k: xp holds x's
+// rows packed [kc][6] (so every broadcast is at a fixed offset from one pointer),
+// the panel [kc][16]. The product is one FMA chain over k in order from zero,
+// whatever MR is, and the AVX-512 version (one register per row) gives the AVX2
+// one's bits.
 template <int MR>
 void tile_packed(const float* xp, const float* panel, float* y, int64_t ldy, int64_t kc,
                  bool first) {
 #ifdef PAGEDJAX_AVX512
   __m512 c[MR];
-  for (int r = 0; r < MR; ++r) c[r] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(y + r * ldy);
+  for (int r = 0; r < MR; ++r) c[r] = _mm512_setzero_ps();
   for (int64_t k = 0; k < kc; ++k, xp += 6, panel += 16) {
     const __m512 bk = _mm512_loadu_ps(panel);
     for (int r = 0; r < MR; ++r) c[r] = _mm512_fmadd_ps(_mm512_set1_ps(xp[r]), bk, c[r]);
   }
-  for (int r = 0; r < MR; ++r) _mm512_storeu_ps(y + r * ldy, c[r]);
+  for (int r = 0; r < MR; ++r)
+    _mm512_storeu_ps(y + r * ldy, first ? c[r] : _mm512_add_ps(_mm512_loadu_ps(y + r * ldy), c[r]));
 #else
   __m256 c0[MR], c1[MR];
   for (int r = 0; r < MR; ++r) {
-    c0[r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + r * ldy);
-    c1[r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + r * ldy + 8);
+    c0[r] = _mm256_setzero_ps();
+    c1[r] = _mm256_setzero_ps();
   }
   for (int64_t k = 0; k < kc; ++k, xp += 6, panel += 16) {
     const __m256 b0 = _mm256_loadu_ps(panel), b1 = _mm256_loadu_ps(panel + 8);
@@ -92,6 +98,10 @@ void tile_packed(const float* xp, const float* panel, float* y, int64_t ldy, int
     }
   }
   for (int r = 0; r < MR; ++r) {
+    if (!first) {
+      c0[r] = _mm256_add_ps(_mm256_loadu_ps(y + r * ldy), c0[r]);
+      c1[r] = _mm256_add_ps(_mm256_loadu_ps(y + r * ldy + 8), c1[r]);
+    }
     _mm256_storeu_ps(y + r * ldy, c0[r]);
     _mm256_storeu_ps(y + r * ldy + 8, c1[r]);
   }
@@ -129,9 +139,9 @@ void panel_product(const BlockWork& w, const float* panel, int64_t k0, int64_t k
     float* y = out + m * N + n0;
     const float* xr = w.x + m * K + k0;
     for (int64_t j = 0; j < cols; ++j) {
-      float acc = first ? 0.0f : y[j];
+      float acc = 0.0f;
       for (int64_t k = 0; k < kc; ++k) acc = std::fma(xr[k], panel[k * 16 + j], acc);
-      y[j] = acc;
+      y[j] = first ? acc : y[j] + acc;
     }
   }
 }
@@ -172,51 +182,102 @@ void columns_nn(const BlockWork& w, int64_t n0, int64_t n1) {
 }
 
 #ifdef PAGEDJAX_AVX2
-// Columns [n0, n1) of y = x @ W [K, N] for one row of x: four 16-column strips at
-// a time, their blocks widened into four panels and summed in four FMA chains side
-// by side (one chain alone waits on the FMA's latency every 16 weights). Each chain
-// is the one columns_nn forms for that output (the same panel values, the same
-// order over k), so the bits are the same as at any other row count.
-void columns_nn_row(const BlockWork& w, int64_t n0, int64_t n1) {
-  constexpr int kS = 4;  // strips in flight
-  const int64_t N = w.N, K = w.K;
-  alignas(64) float panel[kS][32 * 16];
-  int64_t n = n0;
-  for (; n + 16 * kS <= n1; n += 16 * kS) {
+// acc[0:S*16] (+)= x[32b : 32b+32] @ the S panels (32 x 16 each): S FMA chains
+// side by side (one chain alone waits on the FMA's latency every 16 weights).
+template <int S>
+inline void strips_row(const float* xb, const float (*panel)[32 * 16], float* acc) {
 #ifdef PAGEDJAX_AVX512
-    __m512 c[kS];
-    for (int s = 0; s < kS; ++s) c[s] = _mm512_setzero_ps();
+  __m512 c[S];
+  for (int s = 0; s < S; ++s) c[s] = _mm512_loadu_ps(acc + 16 * s);
+  for (int e = 0; e < 32; ++e) {
+    const __m512 xe = _mm512_set1_ps(xb[e]);
+    for (int s = 0; s < S; ++s) c[s] = _mm512_fmadd_ps(xe, _mm512_load_ps(panel[s] + e * 16), c[s]);
+  }
+  for (int s = 0; s < S; ++s) _mm512_storeu_ps(acc + 16 * s, c[s]);
 #else
-    __m256 c[kS][2];
-    for (int s = 0; s < kS; ++s) c[s][0] = c[s][1] = _mm256_setzero_ps();
-#endif
-    for (int64_t b = 0; b < K / 32; ++b) {
-      for (int s = 0; s < kS; ++s) pagedjax_blocks::decode_cols(w.w, N, b, n + 16 * s, panel[s]);
-      const float* xb = w.x + 32 * b;
-      for (int e = 0; e < 32; ++e) {
-#ifdef PAGEDJAX_AVX512
-        const __m512 xe = _mm512_set1_ps(xb[e]);
-        for (int s = 0; s < kS; ++s)
-          c[s] = _mm512_fmadd_ps(xe, _mm512_load_ps(panel[s] + e * 16), c[s]);
-#else
-        const __m256 xe = _mm256_broadcast_ss(xb + e);
-        for (int s = 0; s < kS; ++s) {
-          c[s][0] = _mm256_fmadd_ps(xe, _mm256_load_ps(panel[s] + e * 16), c[s][0]);
-          c[s][1] = _mm256_fmadd_ps(xe, _mm256_load_ps(panel[s] + e * 16 + 8), c[s][1]);
-        }
-#endif
-      }
-    }
-    for (int s = 0; s < kS; ++s) {
-#ifdef PAGEDJAX_AVX512
-      _mm512_storeu_ps(w.y + n + 16 * s, c[s]);
-#else
-      _mm256_storeu_ps(w.y + n + 16 * s, c[s][0]);
-      _mm256_storeu_ps(w.y + n + 16 * s + 8, c[s][1]);
-#endif
+  __m256 c[S][2];
+  for (int s = 0; s < S; ++s) {
+    c[s][0] = _mm256_loadu_ps(acc + 16 * s);
+    c[s][1] = _mm256_loadu_ps(acc + 16 * s + 8);
+  }
+  for (int e = 0; e < 32; ++e) {
+    const __m256 xe = _mm256_broadcast_ss(xb + e);
+    for (int s = 0; s < S; ++s) {
+      c[s][0] = _mm256_fmadd_ps(xe, _mm256_load_ps(panel[s] + e * 16), c[s][0]);
+      c[s][1] = _mm256_fmadd_ps(xe, _mm256_load_ps(panel[s] + e * 16 + 8), c[s][1]);
     }
   }
-  if (n < n1) columns_nn(w, n, n1);
+  for (int s = 0; s < S; ++s) {
+    _mm256_storeu_ps(acc + 16 * s, c[s][0]);
+    _mm256_storeu_ps(acc + 16 * s + 8, c[s][1]);
+  }
+#endif
+}
+
+// One row of x: the product over blocks [b0, b1) of W [K, N] (one chunk of kKB
+// blocks), every column, into acc[0:N]. The chunk's rows are one run of memory,
+// read in order four elements of k at a time, the blocks' factors widened once
+// into `f` (48 floats a strip). Tasks of columns would each read a little of
+// every row instead, N values apart, which costs DRAM most of its bandwidth.
+// Each output is the FMA chain over the chunk's k in order from zero that
+// columns_nn forms from the same widened values, so the bits are the same as
+// at any other row count.
+template <int Kind>
+void chunk_row_kind(const BlockWork& w, int64_t b0, int64_t b1, float* acc, float* f) {
+  using pagedjax_blocks::v16f;
+  const int64_t N = w.N, K = w.K, strips = N / 16;
+  std::memset(acc, 0, sizeof(float) * N);
+  for (int64_t b = b0; b < b1; ++b) {
+    for (int64_t s = 0; s < strips; ++s) {
+      v16f a, a2, cc;
+      pagedjax_blocks::cols_scales(w.w, N, b, 16 * s, &a, &a2, &cc);
+      std::memcpy(f + 48 * s, &a, 64);
+      std::memcpy(f + 48 * s + 16, &a2, 64);
+      std::memcpy(f + 48 * s + 32, &cc, 64);
+    }
+    const float* xb = w.x + 32 * b;
+    for (int e0 = 0; e0 < 32; e0 += 4) {
+      const int half = e0 < 16 ? 0 : 16;
+      const pagedjax_blocks::Ahead ahead = pagedjax_blocks::rows_ahead(w.w, N, b, e0 / 4, K / 32);
+      const v16f xe[4] = {pagedjax_blocks::splat(xb[e0]), pagedjax_blocks::splat(xb[e0 + 1]),
+                          pagedjax_blocks::splat(xb[e0 + 2]), pagedjax_blocks::splat(xb[e0 + 3])};
+      for (int64_t s = 0; s < strips; ++s) {
+        if (s % 4 == 0) pagedjax_blocks::prefetch(ahead, 16 * s, 64);
+        v16f sum, a, cc;
+        std::memcpy(&sum, acc + 16 * s, 64);
+        std::memcpy(&a, f + 48 * s + half, 64);
+        std::memcpy(&cc, f + 48 * s + 32, 64);
+        for (int e = e0; e < e0 + 4; ++e) {
+          const v16f q =
+              pagedjax_blocks::to_f(pagedjax_blocks::cols_codes<Kind>(w.w, N, b, e, 16 * s));
+          const v16f v = Kind == pagedjax_blocks::kQ8_0 ? a * q : a * q + cc;
+          sum = xe[e - e0] * v + sum;
+        }
+        std::memcpy(acc + 16 * s, &sum, 64);
+      }
+    }
+    if (16 * strips < N) {  // the last columns (N % 16), zero-padded
+      const int64_t n = 16 * strips, cols = N - n;
+      alignas(64) float part[16] = {};
+      alignas(64) float panel[1][32 * 16];
+      std::memcpy(part, acc + n, sizeof(float) * cols);
+      pagedjax_blocks::decode_cols_tail(w.w, N, b, n, cols, panel[0]);
+      strips_row<1>(xb, panel, part);
+      std::memcpy(acc + n, part, sizeof(float) * cols);
+    }
+  }
+}
+
+void chunk_row(const BlockWork& w, int64_t b0, int64_t b1, float* acc, float* f) {
+  using namespace pagedjax_blocks;
+  switch (w.w.kind) {
+    case kQ8_0: chunk_row_kind<kQ8_0>(w, b0, b1, acc, f); break;
+    case kQ4_0: chunk_row_kind<kQ4_0>(w, b0, b1, acc, f); break;
+    case kQ4_1: chunk_row_kind<kQ4_1>(w, b0, b1, acc, f); break;
+    case kQ4_K: chunk_row_kind<kQ4_K>(w, b0, b1, acc, f); break;
+    case kQ6_K: chunk_row_kind<kQ6_K>(w, b0, b1, acc, f); break;
+    default: chunk_row_kind<kI4>(w, b0, b1, acc, f);
+  }
 }
 #endif
 
@@ -255,13 +316,13 @@ void BlockWork::run() {
     if (transposed) {
       if (buf.empty()) buf.resize(4 * K);
       block_nt(*this, t * kNB, std::min(N, (t + 1) * kNB), buf.data());
-    } else {
 #ifdef PAGEDJAX_AVX2
-      if (M == 1) {
-        columns_nn_row(*this, t * kNC, std::min(N, (t + 1) * kNC));
-        continue;
-      }
+    } else if (!partials.empty()) {  // one row: chunk t of kKB blocks
+      if (buf.empty()) buf.resize(3 * (N + 15));
+      chunk_row(*this, t * kKB, std::min(K / 32, (t + 1) * kKB), partials.data() + t * N,
+                buf.data());
 #endif
+    } else {
       columns_nn(*this, t * kNC, std::min(N, (t + 1) * kNC));
     }
   }
@@ -275,12 +336,22 @@ void run_blockmatmul(const std::shared_ptr<BlockWork>& work, int64_t threads,
   BlockWork& w = *work;
   if (w.transposed) {
     w.n_tasks = (w.N + kNB - 1) / kNB;
+#ifdef PAGEDJAX_AVX2
+  } else if (w.M == 1) {
+    w.n_tasks = (w.K / 32 + kKB - 1) / kKB;
+    w.partials.resize(w.n_tasks * w.N);
+#endif
   } else {
     pack_x(w);
     w.n_tasks = (w.N + kNC - 1) / kNC;
   }
   pagedjax_parallel::run(work, threads, pagedjax_matmul_ffi::worth_helpers(w.M, w.K, w.N),
                          schedule);
+  if (!w.partials.empty()) {  // the chunks' sums, in order (as columns_nn adds them)
+    std::memcpy(w.y, w.partials.data(), sizeof(float) * w.N);
+    for (int64_t t = 1; t < w.n_tasks; ++t)
+      for (int64_t n = 0; n < w.N; ++n) w.y[n] += w.partials[t * w.N + n];
+  }
 }
 
 std::shared_ptr<BlockWork> make_work(const float* x, Comps comps, float* y, int64_t M,

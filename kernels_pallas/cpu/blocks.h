@@ -109,9 +109,10 @@ inline float f32(const uint8_t* base, int64_t i) {
 }
 inline v16f s8x16(const uint8_t* p) { return to_f(widen_s8(p)); }
 
-// Cols layout: rows 32b..32b+31 of columns n..n+15 of a weight [K, N] -> out[32][16]
-// floats (row-major, 16 per row).
-inline void decode_cols(const Comps& w, int64_t N, int64_t b, int64_t n, float* out) {
+// Cols layout: the factors of block b (rows 32b..32b+31) of columns n..n+15 of a
+// weight [K, N] (the table at the top): a for elements 0..15, a2 for 16..31, c.
+inline void cols_scales(const Comps& w, int64_t N, int64_t b, int64_t n, v16f* a_out,
+                        v16f* a2_out, v16f* c_out) {
   const uint8_t* const c[5] = {w.c[0], w.c[1], w.c[2], w.c[3], w.c[4]};
   const int64_t sb = b / 8;  // the super-block (K-quants)
   v16f a, a2, cc = v16f{};
@@ -139,6 +140,32 @@ inline void decode_cols(const Comps& w, int64_t N, int64_t b, int64_t n, float* 
       a2 = d * s8x16(c[2] + (2 * b + 1) * N + n);
     }
   }
+  *a_out = a, *a2_out = a2, *c_out = cc;
+}
+
+// Cols layout: the integer codes q of element e (row 32b + e) of columns n..n+15
+// (the table at the top), for a block kind known at compile time.
+template <int Kind>
+inline v16i cols_codes(const Comps& w, int64_t N, int64_t b, int e, int64_t n) {
+  if (Kind == kQ8_0) return widen_s8(w.c[0] + (32 * b + e) * N + n);
+  const int j = e % 16;
+  const v16i bytes = widen_u8(w.c[0] + (16 * b + j) * N + n);
+  v16i q = e < 16 ? bytes & 15 : bytes >> 4;
+  if (Kind == kQ4_0) q -= 8;
+  if (Kind == kQ6_K) {
+    const v16i h = widen_u8(w.c[1] + (8 * b + j % 8) * N + n);
+    const int s = 2 * (j / 8) + (e < 16 ? 0 : 4);
+    q = (q | (((h >> s) & 3) << 4)) - 32;
+  }
+  return q;
+}
+
+// Cols layout: rows 32b..32b+31 of columns n..n+15 of a weight [K, N] -> out[32][16]
+// floats (row-major, 16 per row).
+inline void decode_cols(const Comps& w, int64_t N, int64_t b, int64_t n, float* out) {
+  const uint8_t* const c[5] = {w.c[0], w.c[1], w.c[2], w.c[3], w.c[4]};
+  v16f a, a2, cc;
+  cols_scales(w, N, b, n, &a, &a2, &cc);
   if (w.kind == kQ8_0) {
     for (int e = 0; e < 32; ++e) {
       const v16f v = a * s8x16(c[0] + (32 * b + e) * N + n);
@@ -236,6 +263,45 @@ constexpr int kNumComps[kNumKinds] = {2, 2, 3, 5, 4, 3};
 // Component i's divisor of the quantized axis.
 inline int64_t div_of(const Comps& w, int i) {
   return w.kind == kI4 && i > 0 ? w.group : kDiv[w.kind][i];
+}
+
+// Cols layout, a kernel reading block b's elements four at a time (pass p of 8
+// reads elements 4p..4p+3 across the columns) over a run of blocks: the rows a
+// coming pass reads, for prefetch(). Codes: the rows of the next pass (the next
+// block's first after the last); factors: the next block's, at pass 4. The
+// hardware prefetchers alone leave this stream of short row runs well short of
+// DRAM's bandwidth.
+struct Ahead {
+  const uint8_t* row[16];
+  int64_t size[16];  // bytes a column
+  int n = 0;
+};
+
+inline Ahead rows_ahead(const Comps& w, int64_t N, int64_t b, int p, int64_t blocks) {
+  Ahead a;
+  for (int i = 0; i < kNumComps[w.kind]; ++i) {
+    const int64_t div = div_of(w, i), size = kSize[w.kind][i];
+    const int64_t per = div <= 32 ? 32 / div : 0;  // rows a block
+    int64_t r0 = 0, rows = 0;
+    if (per >= 8) {  // codes
+      if (4 * (p + 1) > per) continue;
+      r0 = per * b + 4 * (p + 1), rows = 4;  // per * (b + 1) + 0..3 after the last pass
+    } else if (p == 4 && b + 1 < blocks) {  // factors of the next block
+      if (per == 0 && (32 * (b + 1)) % div) continue;
+      r0 = per ? per * (b + 1) : 32 * (b + 1) / div, rows = per ? per : 1;
+    }
+    const int64_t end = blocks * 32 / div;  // the weight's rows
+    for (int64_t r = r0; r < r0 + rows && r < end && a.n < 16; ++r)
+      a.row[a.n] = w.c[i] + r * N * size, a.size[a.n++] = size;
+  }
+  return a;
+}
+
+// Asks the cache for columns [n, n + cols) of the rows in `a`.
+inline void prefetch(const Ahead& a, int64_t n, int64_t cols) {
+  for (int i = 0; i < a.n; ++i)
+    for (int64_t o = n * a.size[i]; o < (n + cols) * a.size[i]; o += 64)
+      __builtin_prefetch(a.row[i] + o);
 }
 
 // Element k (along the quantized axis) of one row or column, one value at a time:
