@@ -121,6 +121,47 @@ void tile_packed_rows(int rows, const float* xp, const float* panel, float* y, i
 }
 #endif
 
+#ifdef PAGEDJAX_AVX512
+constexpr int kStrips = 2;  // AVX-512: 16-column strips a tile spans (2 and 4 measure alike)
+
+// tile_packed over kStrips panels side by side (y[0:MR, 16s:16s+16] from panel s,
+// panels kKB * 512 floats apart): each broadcast of x feeds kStrips FMAs. The same
+// chains, so the same bits as one tile_packed call per strip.
+template <int MR>
+void tile_wide(const float* xp, const float* panels, float* y, int64_t ldy, int64_t kc,
+               bool first) {
+  constexpr int64_t P = kKB * 32 * 16;
+  __m512 c[MR][kStrips];
+  for (int r = 0; r < MR; ++r)
+    for (int s = 0; s < kStrips; ++s) c[r][s] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < kc; ++k, xp += 6, panels += 16) {
+    __m512 p[kStrips];
+    for (int s = 0; s < kStrips; ++s) p[s] = _mm512_load_ps(panels + s * P);
+    for (int r = 0; r < MR; ++r) {
+      const __m512 x = _mm512_set1_ps(xp[r]);
+      for (int s = 0; s < kStrips; ++s) c[r][s] = _mm512_fmadd_ps(x, p[s], c[r][s]);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int s = 0; s < kStrips; ++s) {
+      float* out = y + r * ldy + 16 * s;
+      _mm512_storeu_ps(out, first ? c[r][s] : _mm512_add_ps(_mm512_loadu_ps(out), c[r][s]));
+    }
+}
+
+void tile_wide_rows(int rows, const float* xp, const float* panels, float* y, int64_t ldy,
+                    int64_t kc, bool first) {
+  switch (rows) {
+    case 6: tile_wide<6>(xp, panels, y, ldy, kc, first); break;
+    case 5: tile_wide<5>(xp, panels, y, ldy, kc, first); break;
+    case 4: tile_wide<4>(xp, panels, y, ldy, kc, first); break;
+    case 3: tile_wide<3>(xp, panels, y, ldy, kc, first); break;
+    case 2: tile_wide<2>(xp, panels, y, ldy, kc, first); break;
+    default: tile_wide<1>(xp, panels, y, ldy, kc, first); break;
+  }
+}
+#endif
+
 // out[m, n0:n0+cols] (+)= x[m, k0:k0+kc] @ panel[0:kc, 0:cols] for every row m,
 // panel rows 16 floats apart: the register tile on the packed x (AVX2 / AVX-512),
 // or plain loops.
@@ -168,7 +209,19 @@ void columns_nn(const BlockWork& w, int64_t n0, int64_t n1) {
   alignas(64) float panel[kKB * 32 * 16];
   for (int64_t kb = 0; kb < K; kb += kKB * 32) {
     const int64_t kc = std::min(kKB * 32, K - kb);
-    for (int64_t n = n0; n < n1; n += 16) {
+    int64_t n = n0;
+#ifdef PAGEDJAX_AVX512
+    for (; n + 16 * kStrips <= n1; n += 16 * kStrips) {  // kStrips strips a tile
+      alignas(64) float panels[kStrips][kKB * 32 * 16];
+      for (int s = 0; s < kStrips; ++s)
+        for (int64_t b = 0; b < kc / 32; ++b)
+          pagedjax_blocks::decode_cols(w.w, N, kb / 32 + b, n + 16 * s, panels[s] + b * 32 * 16);
+      for (int64_t m0 = 0; m0 < w.M; m0 += 6)
+        tile_wide_rows(int(std::min<int64_t>(6, w.M - m0)), w.xp.data() + m0 * K + kb * 6,
+                       panels[0], w.y + m0 * N + n, N, kc, kb == 0);
+    }
+#endif
+    for (; n < n1; n += 16) {
       const int64_t cols = std::min<int64_t>(16, n1 - n);
       for (int64_t b = 0; b < kc / 32; ++b) {
         if (cols == 16)
