@@ -9,6 +9,11 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+# Before JAX starts its backends: libtpu stays quiet on a machine without a TPU.
+from pagedjax.libtpu_env import quiet_libtpu_without_tpu as _quiet_libtpu
+
+_quiet_libtpu()
+
 _LAZY = {
     "LLM": ("pagedjax.entrypoints.llm", "LLM"),
     "AsyncLLM": ("pagedjax.engine.async_llm", "AsyncLLM"),
