@@ -17,14 +17,18 @@
 // order.
 //
 // Work split: x is packed once by groups of 6 rows ([groups][K][6], so that
-// the tile's broadcasts sit at fixed offsets); W [K, N] is split along N into
+// the tile's broadcasts sit at fixed offsets). W [K, N] is split along N into
 // tasks of kNC columns claimed from XLA's intra-op pool (many small tasks: on
 // a busy machine a late thread takes fewer), each walking K kKB blocks at a
-// time (one row of x: four strips side by side, columns_nn_row); W [N, K] is
-// split along N into tasks of kNB rows, 4 rows widened at a
-// time and dotted with 2 rows of x at a time. Every output is one FMA chain
-// over K in order whatever the batch and the pool, so a row's result does not
-// depend on the rest of the batch.
+// time (AVX-512: two 16-column strips a tile). For one row of x, W [K, N] is
+// split along K instead, into chunks of kKB blocks (each one run of memory,
+// read in order with the next rows prefetched), whose sums are added in order
+// at the end. Every output of W [K, N] is the same sum whatever the batch and
+// the pool: one FMA chain from zero over each chunk of kKB * 32 values of k,
+// in order, the chunks added in order. W [N, K] is split along N into tasks of
+// kNB rows, 4 rows widened at a time and dotted with 2 rows of x at a time
+// (dot2x4 / dot1x4: the same sums). So a row's result does not depend on the
+// rest of the batch.
 
 #include <algorithm>
 #include <cmath>
@@ -46,9 +50,6 @@ namespace ffi = xla::ffi;
 using pagedjax_blocks::Comps;
 
 namespace {
-#ifndef PD
-#define PD 4
-#endif
 
 constexpr int64_t kKB = 4;   // 32-blocks per panel (W [K, N]): a 128 x 16 float panel (8 KiB)
 constexpr int64_t kNB = 64;  // W rows per task (W [N, K])
@@ -235,38 +236,6 @@ void columns_nn(const BlockWork& w, int64_t n0, int64_t n1) {
 }
 
 #ifdef PAGEDJAX_AVX2
-// acc[0:S*16] (+)= x[32b : 32b+32] @ the S panels (32 x 16 each): S FMA chains
-// side by side (one chain alone waits on the FMA's latency every 16 weights).
-template <int S>
-inline void strips_row(const float* xb, const float (*panel)[32 * 16], float* acc) {
-#ifdef PAGEDJAX_AVX512
-  __m512 c[S];
-  for (int s = 0; s < S; ++s) c[s] = _mm512_loadu_ps(acc + 16 * s);
-  for (int e = 0; e < 32; ++e) {
-    const __m512 xe = _mm512_set1_ps(xb[e]);
-    for (int s = 0; s < S; ++s) c[s] = _mm512_fmadd_ps(xe, _mm512_load_ps(panel[s] + e * 16), c[s]);
-  }
-  for (int s = 0; s < S; ++s) _mm512_storeu_ps(acc + 16 * s, c[s]);
-#else
-  __m256 c[S][2];
-  for (int s = 0; s < S; ++s) {
-    c[s][0] = _mm256_loadu_ps(acc + 16 * s);
-    c[s][1] = _mm256_loadu_ps(acc + 16 * s + 8);
-  }
-  for (int e = 0; e < 32; ++e) {
-    const __m256 xe = _mm256_broadcast_ss(xb + e);
-    for (int s = 0; s < S; ++s) {
-      c[s][0] = _mm256_fmadd_ps(xe, _mm256_load_ps(panel[s] + e * 16), c[s][0]);
-      c[s][1] = _mm256_fmadd_ps(xe, _mm256_load_ps(panel[s] + e * 16 + 8), c[s][1]);
-    }
-  }
-  for (int s = 0; s < S; ++s) {
-    _mm256_storeu_ps(acc + 16 * s, c[s][0]);
-    _mm256_storeu_ps(acc + 16 * s + 8, c[s][1]);
-  }
-#endif
-}
-
 // One row of x: the product over blocks [b0, b1) of W [K, N] (one chunk of kKB
 // blocks), every column, into acc[0:N]. The chunk's rows are one run of memory,
 // read in order four elements of k at a time, the blocks' factors widened once
@@ -309,14 +278,14 @@ void chunk_row_kind(const BlockWork& w, int64_t b0, int64_t b1, float* acc, floa
         std::memcpy(acc + 16 * s, &sum, 64);
       }
     }
-    if (16 * strips < N) {  // the last columns (N % 16), zero-padded
-      const int64_t n = 16 * strips, cols = N - n;
-      alignas(64) float part[16] = {};
-      alignas(64) float panel[1][32 * 16];
-      std::memcpy(part, acc + n, sizeof(float) * cols);
-      pagedjax_blocks::decode_cols_tail(w.w, N, b, n, cols, panel[0]);
-      strips_row<1>(xb, panel, part);
-      std::memcpy(acc + n, part, sizeof(float) * cols);
+    if (16 * strips < N) {  // the last columns (N % 16), one value at a time
+      alignas(64) float panel[32 * 16];
+      pagedjax_blocks::decode_cols_tail(w.w, N, b, 16 * strips, N - 16 * strips, panel);
+      for (int64_t j = 0; j < N - 16 * strips; ++j) {
+        float sum = acc[16 * strips + j];
+        for (int e = 0; e < 32; ++e) sum = std::fma(xb[e], panel[e * 16 + j], sum);
+        acc[16 * strips + j] = sum;
+      }
     }
   }
 }
@@ -508,7 +477,10 @@ extern "C" int PagedjaxSelfTest() {
     bad |= self_test_case(kind, 3, K, 70, false, 2) << 1;  // two tasks, 16-col strips + tail
     bad |= self_test_case(kind, 8, K, 16, false, 1) << 2;  // a 6-row and a 2-row tile
     bad |= self_test_case(kind, 5, K, 9, true, 1) << 3;    // W [N, K]: groups of 4 + rows
-    bad |= self_test_case(kind, 1, K, 150, false, 2) << 5;  // one row: 4 strips + the rest
+    const int64_t chunks = pagedjax_blocks::block_of(kind) == 32 ? 320 : 512;  // 3-4 chunks
+    bad |= self_test_case(kind, 1, chunks, 150, false, 2) << 5;  // one row: chunks + the tail
+    bad |= self_test_case(kind, 3, chunks, 40, false, 2) << 6;   // rows: chunks, wide tiles
+    bad |= self_test_case(kind, 7, chunks, 50, true, 2) << 7;    // W [N, K]: groups of 4
   }
   bad |= pagedjax_isa::avx512_self_test() << 4;  // -march=native may have turned AVX-512 on
   return bad;
