@@ -220,7 +220,7 @@ def parts(runner, rows: int, context: int, reps: int) -> dict:
     info = runner.model.info
     hid = jnp.asarray(np.random.default_rng(0).standard_normal((rows, info.hidden_size)),
                       info.dtype)
-    logits_fn = jax.jit(runner.model.compute_logits)
+    logits_fn = jax.jit(lambda params, h: runner.model.compute_logits(params, h, runner.plan))
     res["lm_head_ms"] = _median_ms(lambda: logits_fn(runner.params, hid).block_until_ready(), reps)
 
     pages = jnp.zeros((rows * -(-context // 16) + 1, 2, info.num_kv_heads, 16, info.head_dim),
