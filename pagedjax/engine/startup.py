@@ -160,8 +160,8 @@ def weight_quantization(args, resolved) -> str | None:
     quantized checkpoints dequantized at load). Unset: a published FP8 / AWQ / GPTQ
     checkpoint keeps its quantization (its method); a GGUF file on the CPU (one
     device, the C++ backend) keeps its blocks ("gguf", multiplied by the C++ block
-    kernel) where that kernel beats float32 weights at every row count on this
-    machine (measured once, worker.kernel_limits.quant_kernel_choice), else float
+    kernel) where that kernel beats float32 weights and is nowhere slower (within
+    5%) on this machine (measured once, worker.kernel_limits.quant_kernel_choice), else float
     weights. The engine logs which."""
     q = args.quantization
     if q is not None:
@@ -180,11 +180,11 @@ def weight_quantization(args, resolved) -> str | None:
     choice = quant_kernel_choice("block")
     if choice["default"]:
         logger.info("GGUF weights kept in their blocks: the C++ block kernel beats float32 "
-                    "weights at every row count here (steps of up to %d rows; "
-                    "quantization='none' dequantizes at load)", choice["rows"])
+                    "weights here and is within 5%% of them at every row count "
+                    "(quantization='none' dequantizes at load)")
         return "gguf"
     logger.info("GGUF weights dequantized to float at load: the C++ block kernel %s "
                 "(quantization='gguf' keeps the blocks)",
-                "does not beat float32 weights at every row count here" if choice["rows"]
+                "is slower than float32 weights at some row count here" if choice["rows"]
                 else "is not available")
     return None

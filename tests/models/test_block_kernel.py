@@ -112,15 +112,22 @@ def test_quant_kernel_choice_rule(tmp_path, monkeypatch):
     assert quant_rows.choose(win) == {"rows": 128, "default": True}
     lose_big = {**win, 128: {"cpp": 2.0, "jnp": 2.5, "float": 1.0}}
     assert quant_rows.choose(lose_big) == {"rows": 128, "default": False}
+    tie = {**win, 128: {"cpp": 1.04, "jnp": 2.5, "float": 1.0}}  # within the noise: default
+    assert quant_rows.choose(tie) == {"rows": 128, "default": True}
+    lose_small = {**win, 128: {"cpp": 1.07, "jnp": 2.5, "float": 1.0}}
+    assert quant_rows.choose(lose_small) == {"rows": 128, "default": False}
+    only_ties = {r: {"cpp": 1.02, "jnp": 2.0, "float": 1.0} for r in (1, 16, 128)}
+    assert quant_rows.choose(only_ties)["default"] is False  # never faster: float stays
     never = {r: {"cpp": 3.0, "jnp": 2.0, "float": 1.0} for r in (1, 16)}
     assert quant_rows.choose(never) == {"rows": 0, "default": False}
     # measured once, then cached beside the build, per kernel; int8 is never a default
     for k in quant_rows.KERNELS:
         monkeypatch.delenv(quant_rows.ENV[k], raising=False)
     so, calls = tmp_path / "lib.so", []
-    for kernel, want in (("block", True), ("int8", False)):
+    for kernel, want in (("block", {"rows": quant_rows.EVERY_STEP, "default": True}),
+                         ("int8", {"rows": 128, "default": False})):
         got = quant_rows.decide(kernel, so, lambda: calls.append(kernel) or win)
-        assert got == {"rows": 128, "default": want}
+        assert got == want  # the block kernel wins up to the largest count: every step
         assert quant_rows.decide(kernel, so, None) == got  # from the cache
     assert calls == ["block", "int8"]
     monkeypatch.setenv(quant_rows.ENV["int8"], "x")
