@@ -1,0 +1,150 @@
+// The register tiles of the block matmul (blockmatmul.cc), on float32 panels of
+// widened weights. Each output is one FMA chain from zero over the panel's k in
+// order (then added to y, or stored), whatever the number of rows: the tiles of
+// 1-6 rows, and of one or two panels, give the same bits. The tied LM head's dots
+// reduce each 16-lane chain in one fixed order. Included by path, like tile.h.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "isa.h"
+#include "simd.h"
+
+namespace pagedjax_block_tiles {
+
+constexpr int64_t kPanelK = 128;              // values of k a panel holds (4 32-blocks)
+constexpr int64_t kPanel = kPanelK * 16;      // floats a panel holds ([kPanelK][16])
+
+#ifdef PAGEDJAX_AVX2
+// y[0:MR, 0:16] = (first) or += (else) xp @ panel over kc values of k: xp holds x's
+// rows packed [kc][6] (so every broadcast is at a fixed offset from one pointer),
+// the panel [kc][16]. The product is one FMA chain over k in order from zero,
+// whatever MR is, and the AVX-512 version (one register per row) gives the AVX2
+// one's bits.
+template <int MR>
+void tile_packed(const float* xp, const float* panel, float* y, int64_t ldy, int64_t kc,
+                 bool first) {
+#ifdef PAGEDJAX_AVX512
+  __m512 c[MR];
+  for (int r = 0; r < MR; ++r) c[r] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < kc; ++k, xp += 6, panel += 16) {
+    const __m512 bk = _mm512_loadu_ps(panel);
+    for (int r = 0; r < MR; ++r) c[r] = _mm512_fmadd_ps(_mm512_set1_ps(xp[r]), bk, c[r]);
+  }
+  for (int r = 0; r < MR; ++r)
+    _mm512_storeu_ps(y + r * ldy, first ? c[r] : _mm512_add_ps(_mm512_loadu_ps(y + r * ldy), c[r]));
+#else
+  __m256 c0[MR], c1[MR];
+  for (int r = 0; r < MR; ++r) {
+    c0[r] = _mm256_setzero_ps();
+    c1[r] = _mm256_setzero_ps();
+  }
+  for (int64_t k = 0; k < kc; ++k, xp += 6, panel += 16) {
+    const __m256 b0 = _mm256_loadu_ps(panel), b1 = _mm256_loadu_ps(panel + 8);
+    for (int r = 0; r < MR; ++r) {
+      const __m256 a = _mm256_broadcast_ss(xp + r);
+      c0[r] = _mm256_fmadd_ps(a, b0, c0[r]);
+      c1[r] = _mm256_fmadd_ps(a, b1, c1[r]);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    if (!first) {
+      c0[r] = _mm256_add_ps(_mm256_loadu_ps(y + r * ldy), c0[r]);
+      c1[r] = _mm256_add_ps(_mm256_loadu_ps(y + r * ldy + 8), c1[r]);
+    }
+    _mm256_storeu_ps(y + r * ldy, c0[r]);
+    _mm256_storeu_ps(y + r * ldy + 8, c1[r]);
+  }
+#endif
+}
+
+void tile_packed_rows(int rows, const float* xp, const float* panel, float* y, int64_t ldy,
+                      int64_t kc, bool first) {
+  switch (rows) {
+    case 6: tile_packed<6>(xp, panel, y, ldy, kc, first); break;
+    case 5: tile_packed<5>(xp, panel, y, ldy, kc, first); break;
+    case 4: tile_packed<4>(xp, panel, y, ldy, kc, first); break;
+    case 3: tile_packed<3>(xp, panel, y, ldy, kc, first); break;
+    case 2: tile_packed<2>(xp, panel, y, ldy, kc, first); break;
+    default: tile_packed<1>(xp, panel, y, ldy, kc, first); break;
+  }
+}
+#endif
+
+#ifdef PAGEDJAX_AVX512
+constexpr int kStrips = 2;  // AVX-512: 16-column strips a tile spans (2 and 4 measure alike)
+
+// tile_packed over kStrips panels side by side (y[0:MR, 16s:16s+16] from panel s,
+// panels kPanel floats apart): each broadcast of x feeds kStrips FMAs. The same
+// chains, so the same bits as one tile_packed call per strip.
+template <int MR>
+void tile_wide(const float* xp, const float* panels, float* y, int64_t ldy, int64_t kc,
+               bool first) {
+  constexpr int64_t P = kPanel;
+  __m512 c[MR][kStrips];
+  for (int r = 0; r < MR; ++r)
+    for (int s = 0; s < kStrips; ++s) c[r][s] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < kc; ++k, xp += 6, panels += 16) {
+    __m512 p[kStrips];
+    for (int s = 0; s < kStrips; ++s) p[s] = _mm512_load_ps(panels + s * P);
+    for (int r = 0; r < MR; ++r) {
+      const __m512 x = _mm512_set1_ps(xp[r]);
+      for (int s = 0; s < kStrips; ++s) c[r][s] = _mm512_fmadd_ps(x, p[s], c[r][s]);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int s = 0; s < kStrips; ++s) {
+      float* out = y + r * ldy + 16 * s;
+      _mm512_storeu_ps(out, first ? c[r][s] : _mm512_add_ps(_mm512_loadu_ps(out), c[r][s]));
+    }
+}
+
+void tile_wide_rows(int rows, const float* xp, const float* panels, float* y, int64_t ldy,
+                    int64_t kc, bool first) {
+  switch (rows) {
+    case 6: tile_wide<6>(xp, panels, y, ldy, kc, first); break;
+    case 5: tile_wide<5>(xp, panels, y, ldy, kc, first); break;
+    case 4: tile_wide<4>(xp, panels, y, ldy, kc, first); break;
+    case 3: tile_wide<3>(xp, panels, y, ldy, kc, first); break;
+    case 2: tile_wide<2>(xp, panels, y, ldy, kc, first); break;
+    default: tile_wide<1>(xp, panels, y, ldy, kc, first); break;
+  }
+}
+#endif
+
+#ifdef PAGEDJAX_AVX512
+// y[r, 0:4] = x[r] . w[0:4] for R rows of x (K apart) and 4 widened rows of W [N, K]
+// (buf, K apart), y's rows ldy apart: each dot one 16-lane FMA chain over k, then
+// its lanes added in _mm512_reduce_add_ps's fixed order, whatever R is (so one
+// row's sums do not depend on the batch). Each widened vector feeds R FMAs.
+template <int R>
+void dots_nt(const float* x, int64_t K, const float* w, float* y, int64_t ldy) {
+  __m512 a[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 4; ++j) a[r][j] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 16) {
+    __m512 b[4];
+    for (int j = 0; j < 4; ++j) b[j] = _mm512_loadu_ps(w + j * K + k);
+    for (int r = 0; r < R; ++r) {
+      const __m512 u = _mm512_loadu_ps(x + r * K + k);
+      for (int j = 0; j < 4; ++j) a[r][j] = _mm512_fmadd_ps(u, b[j], a[r][j]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 4; ++j) y[r * ldy + j] = _mm512_reduce_add_ps(a[r][j]);
+}
+
+void dots_nt_rows(int rows, const float* x, int64_t K, const float* w, float* y, int64_t ldy) {
+  switch (rows) {
+    case 6: dots_nt<6>(x, K, w, y, ldy); break;
+    case 5: dots_nt<5>(x, K, w, y, ldy); break;
+    case 4: dots_nt<4>(x, K, w, y, ldy); break;
+    case 3: dots_nt<3>(x, K, w, y, ldy); break;
+    case 2: dots_nt<2>(x, K, w, y, ldy); break;
+    default: dots_nt<1>(x, K, w, y, ldy); break;
+  }
+}
+#endif
+
+}  // namespace pagedjax_block_tiles
