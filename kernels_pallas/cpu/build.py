@@ -121,7 +121,12 @@ def build(verbose: bool = False, source: Path | None = None, name: str = "cpu_ke
     out_dir = cache_dir() / "native"
     errors, rejected = [], []
     for flags in flag_sets or default_flag_sets():
-        args = [*flags, "-std=c++17", "-shared", "-fPIC", f"-I{include}", f"-I{here}"]
+        # -ffp-contract=fast: every `a * b + c` of the vector code is one fused multiply-add
+        # whatever the compiler's default for ISO C++ (GCC 12 fuses, later ones may not),
+        # so the vector-typed sums match the FMA intrinsics' bits (the block kernel's
+        # one-row path against its tiles: a row's bits must not depend on its batch).
+        args = [*flags, "-std=c++17", "-ffp-contract=fast", "-shared", "-fPIC",
+                f"-I{include}", f"-I{here}"]
         key = hashlib.sha256(b"\0".join([
             src, " ".join(args).encode(), version.encode(), jax.__version__.encode(),
             platform.machine().encode(), _cpu_tag().encode()])).hexdigest()[:20]
