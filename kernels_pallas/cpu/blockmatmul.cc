@@ -27,7 +27,8 @@
 // at the end. Every output of W [K, N] is the same sum whatever the batch and
 // the pool: one FMA chain from zero over each chunk of kKB * 32 values of k,
 // in order, the chunks added in order. W [N, K] is split along N into tasks of
-// kNB rows, 4 rows widened at a time and dotted with up to 6 rows of x at a
+// kNB rows (kNBFew for a few rows of x: longer runs of memory), 4 rows
+// widened at a time and dotted with up to 6 rows of x at a
 // time (AVX-512: 16-lane chains, dots_nt; AVX2: 8-lane, dot2x4 / dot1x4), the
 // same sums at every row count. So a row's result does not depend on the rest
 // of the batch.
@@ -57,6 +58,8 @@ namespace {
 
 constexpr int64_t kKB = kPanelK / 32;  // 32-blocks per panel (W [K, N]): a 128 x 16 float panel (8 KiB)
 constexpr int64_t kNB = 64;  // W rows per task (W [N, K])
+constexpr int64_t kNBFew = 256;  // W [N, K], at most kFewRows rows of x: longer runs of memory
+constexpr int64_t kFewRows = 4;
 constexpr int64_t kNC = 64;  // W columns per task (W [K, N])
 
 struct BlockWork : pagedjax_parallel::Tasks {
@@ -66,6 +69,7 @@ struct BlockWork : pagedjax_parallel::Tasks {
   int64_t M, K, N;
   bool transposed;
   std::vector<float> partials;  // one row of x, W [K, N]: each chunk's sums [tasks][N]
+  int64_t rows_per_task = kNB;  // W [N, K]
   std::vector<float> xp;  // W [K, N]: x packed [(M + 5) / 6][K][6] (rows past M: zero)
   void run();
 };
@@ -249,7 +253,7 @@ void BlockWork::run() {
   for (int64_t t; (t = claim()) >= 0; finish()) {
     if (transposed) {
       if (buf.empty()) buf.resize(4 * K);
-      block_nt(*this, t * kNB, std::min(N, (t + 1) * kNB), buf.data());
+      block_nt(*this, t * rows_per_task, std::min(N, (t + 1) * rows_per_task), buf.data());
 #ifdef PAGEDJAX_AVX2
     } else if (!partials.empty()) {  // one row: chunk t of kKB blocks
       if (buf.empty()) buf.resize(3 * (N + 15));
@@ -269,7 +273,8 @@ void run_blockmatmul(const std::shared_ptr<BlockWork>& work, int64_t threads,
                      Schedule schedule) {
   BlockWork& w = *work;
   if (w.transposed) {
-    w.n_tasks = (w.N + kNB - 1) / kNB;
+    w.rows_per_task = w.M <= kFewRows ? kNBFew : kNB;
+    w.n_tasks = (w.N + w.rows_per_task - 1) / w.rows_per_task;
 #ifdef PAGEDJAX_AVX2
   } else if (w.M == 1) {
     w.n_tasks = (w.K / 32 + kKB - 1) / kKB;
