@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "isa.h"
 #include "simd.h"
@@ -15,6 +16,20 @@ namespace pagedjax_block_tiles {
 
 constexpr int64_t kPanelK = 128;              // values of k a panel holds (4 32-blocks)
 constexpr int64_t kPanel = kPanelK * 16;      // floats a panel holds ([kPanelK][16])
+
+// f(std::integral_constant<int, R>{}) for R = rows (1-6: the tiles' row counts as
+// template arguments, one switch for every tile).
+template <typename F>
+inline void with_rows(int rows, F f) {
+  switch (rows) {
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    default: f(std::integral_constant<int, 1>{}); break;
+  }
+}
 
 #ifdef PAGEDJAX_AVX2
 // y[0:MR, 0:16] = (first) or += (else) xp @ panel over kc values of k: xp holds x's
@@ -59,17 +74,6 @@ void tile_packed(const float* xp, const float* panel, float* y, int64_t ldy, int
 #endif
 }
 
-void tile_packed_rows(int rows, const float* xp, const float* panel, float* y, int64_t ldy,
-                      int64_t kc, bool first) {
-  switch (rows) {
-    case 6: tile_packed<6>(xp, panel, y, ldy, kc, first); break;
-    case 5: tile_packed<5>(xp, panel, y, ldy, kc, first); break;
-    case 4: tile_packed<4>(xp, panel, y, ldy, kc, first); break;
-    case 3: tile_packed<3>(xp, panel, y, ldy, kc, first); break;
-    case 2: tile_packed<2>(xp, panel, y, ldy, kc, first); break;
-    default: tile_packed<1>(xp, panel, y, ldy, kc, first); break;
-  }
-}
 #endif
 
 #ifdef PAGEDJAX_AVX512
@@ -100,17 +104,6 @@ void tile_wide(const float* xp, const float* panels, float* y, int64_t ldy, int6
     }
 }
 
-void tile_wide_rows(int rows, const float* xp, const float* panels, float* y, int64_t ldy,
-                    int64_t kc, bool first) {
-  switch (rows) {
-    case 6: tile_wide<6>(xp, panels, y, ldy, kc, first); break;
-    case 5: tile_wide<5>(xp, panels, y, ldy, kc, first); break;
-    case 4: tile_wide<4>(xp, panels, y, ldy, kc, first); break;
-    case 3: tile_wide<3>(xp, panels, y, ldy, kc, first); break;
-    case 2: tile_wide<2>(xp, panels, y, ldy, kc, first); break;
-    default: tile_wide<1>(xp, panels, y, ldy, kc, first); break;
-  }
-}
 #endif
 
 #ifdef PAGEDJAX_AVX512
@@ -135,16 +128,6 @@ void dots_nt(const float* x, int64_t K, const float* w, float* y, int64_t ldy) {
     for (int j = 0; j < 4; ++j) y[r * ldy + j] = _mm512_reduce_add_ps(a[r][j]);
 }
 
-void dots_nt_rows(int rows, const float* x, int64_t K, const float* w, float* y, int64_t ldy) {
-  switch (rows) {
-    case 6: dots_nt<6>(x, K, w, y, ldy); break;
-    case 5: dots_nt<5>(x, K, w, y, ldy); break;
-    case 4: dots_nt<4>(x, K, w, y, ldy); break;
-    case 3: dots_nt<3>(x, K, w, y, ldy); break;
-    case 2: dots_nt<2>(x, K, w, y, ldy); break;
-    default: dots_nt<1>(x, K, w, y, ldy); break;
-  }
-}
 #endif
 
 }  // namespace pagedjax_block_tiles

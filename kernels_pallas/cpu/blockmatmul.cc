@@ -83,8 +83,9 @@ void panel_product(const BlockWork& w, const float* panel, int64_t k0, int64_t k
 #ifdef PAGEDJAX_AVX2
   if (cols == 16) {
     for (int64_t m0 = 0; m0 < M; m0 += 6)
-      tile_packed_rows(int(std::min<int64_t>(6, M - m0)), w.xp.data() + m0 * K + k0 * 6, panel,
-                       out + m0 * N + n0, N, kc, first);
+      with_rows(int(std::min<int64_t>(6, M - m0)), [&](auto R) {
+        tile_packed<R>(w.xp.data() + m0 * K + k0 * 6, panel, out + m0 * N + n0, N, kc, first);
+      });
     return;
   }
 #endif
@@ -129,8 +130,9 @@ void columns_nn(const BlockWork& w, int64_t n0, int64_t n1) {
         for (int64_t b = 0; b < kc / 32; ++b)
           pagedjax_blocks::decode_cols(w.w, N, kb / 32 + b, n + 16 * s, panels[s] + b * 32 * 16);
       for (int64_t m0 = 0; m0 < w.M; m0 += 6)
-        tile_wide_rows(int(std::min<int64_t>(6, w.M - m0)), w.xp.data() + m0 * K + kb * 6,
-                       panels[0], w.y + m0 * N + n, N, kc, kb == 0);
+        with_rows(int(std::min<int64_t>(6, w.M - m0)), [&](auto R) {
+          tile_wide<R>(w.xp.data() + m0 * K + kb * 6, panels[0], w.y + m0 * N + n, N, kc, kb == 0);
+        });
     }
 #endif
     for (; n < n1; n += 16) {
@@ -223,9 +225,10 @@ void block_nt(const BlockWork& w, int64_t n0, int64_t n1, float* buf) {
     for (int r = 0; r < 4; ++r) pagedjax_blocks::decode_row(w.w, K, n + r, buf + r * K);
 #ifdef PAGEDJAX_AVX512
     for (int64_t m = 0; m < M; m += 6)
-      dots_nt_rows(int(std::min<int64_t>(6, M - m)), w.x + m * K, K, buf, w.y + m * N + n, N);
-    continue;
-#endif
+      with_rows(int(std::min<int64_t>(6, M - m)), [&](auto R) {
+        dots_nt<R>(w.x + m * K, K, buf, w.y + m * N + n, N);
+      });
+#else
     const float *w0 = buf, *w1 = buf + K, *w2 = buf + 2 * K, *w3 = buf + 3 * K;
     int64_t m = 0;
     for (; m + 2 <= M; m += 2) {
@@ -236,6 +239,7 @@ void block_nt(const BlockWork& w, int64_t n0, int64_t n1, float* buf) {
     }
     if (m < M)  // the last odd row: its pair's sums
       _mm_storeu_ps(w.y + m * N + n, pagedjax_tile::dot1x4(w.x + m * K, w0, w1, w2, w3, K));
+#endif
   }
 #endif
   for (; n < n1; ++n) {  // rows past the last group of 4 (or all: no AVX2)
