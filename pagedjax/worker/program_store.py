@@ -235,7 +235,7 @@ class StoredJit:
     def compile(self, *args, **kw):
         """Obtain the program of these arguments (read back or compiled) without
         running it; arguments may be ``jax.ShapeDtypeStruct``."""
-        if _root is None:
+        if _root is None or not self.stored:
             return self.jit_fn.lower(*args, **kw).compile()
         local = self._local_key(args, kw)
         program = self._programs.get(local, _MISSING)

@@ -101,18 +101,29 @@ def test_a_changed_dependency_reads_no_entry(store, change, monkeypatch):
                                rtol=1e-5)
 
 
-def test_a_damaged_entry_is_compiled_again(store, caplog):
+def _no_object_code(raw: bytes) -> bytes:
+    # what a re-serialized, deserialized executable looks like (the pickle keeps the
+    # payload's bytes as they are)
+    assert b"\x7fELF" in raw
+    return raw.replace(b"\x7fELF", b"\x00ELF")
+
+
+@pytest.mark.parametrize("damage, logged", [(lambda raw: b"not a program", "could not be read back"),
+                                            (_no_object_code, "no object code")])
+def test_a_damaged_entry_is_compiled_again(store, caplog, damage, logged):
     wrapper, _ = _wrapper()
     w, kv, x = _args()
     wrapper(w, kv, x, scale=2.0)
     (path,) = glob.glob(os.path.join(store, "programs", "*", "*.bin"))
+    with open(path, "rb") as f:
+        raw = f.read()
     with open(path, "wb") as f:
-        f.write(b"not a program")
+        f.write(damage(raw))
     before = dict(program_store.counts)
     again, traces = _wrapper()
     y, _ = again(w, jnp.zeros(16), x, scale=2.0)
     assert traces and _delta(before)["lowered"] == 1 and _delta(before)["loaded"] == 0
-    assert "could not be read back" in caplog.text
+    assert logged in caplog.text
     np.testing.assert_allclose(np.asarray(y), np.tanh(np.asarray(x) @ np.ones((8, 8))) * 2,
                                rtol=1e-5)
 
@@ -212,39 +223,19 @@ def test_a_program_jax_handed_back_from_memory_is_not_stored(tmp_path):
         program_store.set_root(None)
 
 
-def test_an_entry_without_object_code_is_compiled_again(store, caplog):
-    import pickle
-
-    wrapper, _ = _wrapper()
+def test_a_program_kept_out_of_the_store_is_neither_read_nor_written(store):
+    """``stored=False`` (a program that does not span every local device: a stored one
+    is read back onto all of them) goes through the jitted function, by a call and by
+    the warm-up's ``compile`` alike."""
+    f, _ = _traced_fn()
+    jit = jax.jit(f, static_argnames=("scale",), donate_argnums=(1,))
+    wrapper = program_store.StoredJit(jit, "f", "ctx", fixed=1, stored=False)
     w, kv, x = _args()
-    wrapper(w, kv, x, scale=2.0)
-    (path,) = glob.glob(os.path.join(store, "programs", "*", "*.bin"))
-    with open(path, "rb") as f:
-        payload, in_tree, out_tree = pickle.load(f)
-    assert program_store.carries_code(payload)
-    with open(path, "wb") as f:  # what a re-serialized, deserialized executable looks like
-        pickle.dump((payload.replace(b"\x7fELF", b"\x00ELF"), in_tree, out_tree), f)
     before = dict(program_store.counts)
-    again, traces = _wrapper()
-    y, _ = again(w, jnp.zeros(16), x, scale=2.0)
-    assert traces and _delta(before)["lowered"] == 1 and _delta(before)["loaded"] == 0
-    assert "no object code" in caplog.text
-    np.testing.assert_allclose(np.asarray(y), np.tanh(np.asarray(x) @ np.ones((8, 8))) * 2,
-                               rtol=1e-5)
-
-
-def test_only_programs_over_every_local_device_are_stored():
-    """A stored program is read back onto every local device: a TP=1 program stored
-    beside 4 forced host devices failed on reading with "Expected args ... to have 4
-    shards", so only programs that span all local devices are stored."""
-    import subprocess
-    import sys
-
-    code = ("from pagedjax.worker import program_store as s; "
-            "print([s.spans_local_devices(n) for n in (1, 2, 4)])")
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    for count, want in ((1, "[True, False, False]"), (4, "[False, False, True]")):
-        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={count}"
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                             text=True, timeout=300, check=True).stdout.strip()
-        assert out == want, (count, out)
+    wrapper.compile(w, jax.ShapeDtypeStruct((16,), jnp.float32),
+                    jax.ShapeDtypeStruct((2, 8), jnp.float32), scale=2.0)
+    wrapper(w, kv, x, scale=2.0)
+    assert _delta(before) == {k: 0 for k in before}
+    assert not glob.glob(os.path.join(store, "programs", "*", "*.bin"))
+    assert program_store.spans_local_devices(jax.local_device_count())
+    assert not program_store.spans_local_devices(jax.local_device_count() + 1)
