@@ -216,19 +216,27 @@ void chunk_row(const BlockWork& w, int64_t b0, int64_t b1, float* acc, float* f)
 }
 #endif
 
-// y[:, n0:n1] = x @ W[n0:n1]^T for rows of W [N, K]; buf holds 4*K floats.
+// y[:, n0:n1] = x @ W[n0:n1]^T for rows of W [N, K]; buf holds (n1 - n0) * K floats.
 void block_nt(const BlockWork& w, int64_t n0, int64_t n1, float* buf) {
   const int64_t M = w.M, K = w.K, N = w.N;
   int64_t n = n0;
-#ifdef PAGEDJAX_AVX2
+#ifdef PAGEDJAX_AVX512
+  // Many rows of x: every group of 4 rows of the task widened first, then each group
+  // of 6 rows of x through all of them (x's group stays in L1; read once per group of
+  // 4 table rows, x streamed from L2 again and again). A few rows: 4 table rows at a
+  // time (the widened rows stay in L1).
+  const int64_t span = M > kFewRows ? (n1 - n0) / 4 * 4 : 4;
+  for (; span > 0 && n + span <= n1; n += span) {
+    for (int64_t r = 0; r < span; ++r) pagedjax_blocks::decode_row(w.w, K, n + r, buf + r * K);
+    for (int64_t m = 0; m < M; m += 6)
+      for (int64_t g = 0; g < span / 4; ++g)
+        with_rows(int(std::min<int64_t>(6, M - m)), [&](auto R) {
+          dots_nt<R>(w.x + m * K, K, buf + 4 * g * K, w.y + m * N + n + 4 * g, N);
+        });
+  }
+#elif defined(PAGEDJAX_AVX2)
   for (; n + 4 <= n1; n += 4) {
     for (int r = 0; r < 4; ++r) pagedjax_blocks::decode_row(w.w, K, n + r, buf + r * K);
-#ifdef PAGEDJAX_AVX512
-    for (int64_t m = 0; m < M; m += 6)
-      with_rows(int(std::min<int64_t>(6, M - m)), [&](auto R) {
-        dots_nt<R>(w.x + m * K, K, buf, w.y + m * N + n, N);
-      });
-#else
     const float *w0 = buf, *w1 = buf + K, *w2 = buf + 2 * K, *w3 = buf + 3 * K;
     int64_t m = 0;
     for (; m + 2 <= M; m += 2) {
@@ -239,7 +247,6 @@ void block_nt(const BlockWork& w, int64_t n0, int64_t n1, float* buf) {
     }
     if (m < M)  // the last odd row: its pair's sums
       _mm_storeu_ps(w.y + m * N + n, pagedjax_tile::dot1x4(w.x + m * K, w0, w1, w2, w3, K));
-#endif
   }
 #endif
   for (; n < n1; ++n) {  // rows past the last group of 4 (or all: no AVX2)
@@ -256,7 +263,7 @@ void BlockWork::run() {
   std::vector<float> buf;
   for (int64_t t; (t = claim()) >= 0; finish()) {
     if (transposed) {
-      if (buf.empty()) buf.resize(4 * K);
+      if (buf.empty()) buf.resize(rows_per_task * K);
       block_nt(*this, t * rows_per_task, std::min(N, (t + 1) * rows_per_task), buf.data());
 #ifdef PAGEDJAX_AVX2
     } else if (!partials.empty()) {  // one row: chunk t of kKB blocks
