@@ -7,7 +7,11 @@ attention at several row counts (how it scales with rows). Matmuls: 30 SmolLM2-s
 down) plus the tied-embedding logits, at 1..128 rows. ``--int8``: the same 30 layers
 and logits with int8 weights (kernels_pallas/cpu/qmatmul.cc) beside float32, each
 in C++ and in XLA (int8 in XLA: models/quant.py's chunked dequantization, the
-model's path without the kernel), cases alternating order between rounds. Each
+model's path without the kernel), cases alternating order between rounds.
+``--blocks``: the same 30 layers as GGUF Q4_1 blocks and the tied logits as Q8_0
+through the C++ block kernel (kernels_pallas/cpu/blockmatmul.cc) against the same
+weights dequantized to float32 on XLA's matmul and the C++ float matmul, layers
+and logits timed apart, 1 to 2048 rows, cases alternating order between rounds. Each
 figure is the minimum of ``--reps`` runs of a jitted call. Prints a table, writes JSON.
 """
 
@@ -26,12 +30,14 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from pagedjax.benchmarks.throughput import write_json  # noqa: E402
-from pagedjax.kernels_pallas.cpu import native as cpu_native, qmatmul as cpu_qmatmul  # noqa: E402
+from pagedjax.kernels_pallas.cpu import (blockmatmul as cpu_blockmatmul, native as cpu_native,  # noqa: E402
+                                         qmatmul as cpu_qmatmul)
 from pagedjax.kernels_pallas import reference  # noqa: E402
 from pagedjax.models import quant as Q  # noqa: E402
 
 DEFAULT_JSON = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "cpu_kernels.json")
 INT8_JSON = DEFAULT_JSON.replace("cpu_kernels.json", "cpu_kernels_int8.json")
+BLOCKS_JSON = DEFAULT_JSON.replace("cpu_kernels.json", "cpu_kernels_blocks.json")
 
 
 def _best_ms(f, args, reps):
@@ -246,6 +252,82 @@ def int8_model_steps(reps, rows, rounds=3, context=64):
     return out
 
 
+def _random_blocks(rng, kind, shape, transposed):
+    """Random components of a GGUF ``kind`` weight (codes of every value, small positive
+    float16 scales; q4_1's offsets -8 scales, so the values centre on zero) in
+    models/quant.py's layout: ``shape`` [K, N], quantized along K (``transposed``: the
+    table [N, K], its rows quantized)."""
+    k, n = shape[::-1] if transposed else shape
+    out = {}
+    for name, cshape in cpu_blockmatmul.component_shapes(kind, k, n, transposed).items():
+        dt = np.dtype(Q.component_dtypes(kind)[name])
+        out[name] = (rng.random(cshape) * 0.01 + 0.001).astype(dt) if dt.kind == "f" \
+            else rng.integers(0, 256, cshape).astype(dt)
+    if "m" in out:
+        out["m"] = (-8 * out["d"].astype(np.float32)).astype(out["m"].dtype)
+    return {name: jnp.asarray(v) for name, v in out.items()}
+
+
+def block_matmuls(reps, rows, rounds=3):
+    """Best ms of a 30-layer decode step's matmuls (Q4_1) and of the tied logits (Q8_0):
+    the C++ block kernel on the blocks, and the same weights dequantized to float32 on
+    XLA's matmul and on the C++ float matmul, at each row count; cases alternate order."""
+    rng = np.random.default_rng(0)
+    h, inter, vocab, qkv, layers = 576, 1536, 49152, 960, 30
+    shapes = ((h, qkv), (h, h), (h, 2 * inter), (inter, h))
+    blocks = [tuple(_random_blocks(rng, "q4_1", s, False) for s in shapes) for _ in range(layers)]
+    table = _random_blocks(rng, "q8_0", (vocab, h), True)
+    f32 = [tuple(Q.dequantize("q4_1", c, 0, jnp.float32) for c in ly) for ly in blocks]
+    emb = Q.dequantize("q8_0", table, -1, jnp.float32)
+
+    def layers_only(mm):
+        return _layers_model(mm, lambda x, e: x)
+
+    def logits_only(mm_t):
+        return jax.jit(lambda x, e: mm_t(x, e))
+
+    fns = {
+        ("layers", "blocks C++"): (layers_only(lambda x, c: cpu_blockmatmul.blockmatmul(
+            "q4_1", c, x)), blocks),
+        ("layers", "float32 XLA"): (layers_only(lambda x, w: x @ w), f32),
+        ("layers", "float32 C++"): (layers_only(cpu_native.matmul), f32),
+        ("logits", "blocks C++"): (logits_only(lambda x, c: cpu_blockmatmul.blockmatmul(
+            "q8_0", c, x, transposed=True)), table),
+        ("logits", "float32 XLA"): (logits_only(lambda x, e: x @ e.T), emb),
+        ("logits", "float32 C++"): (logits_only(lambda x, e: cpu_native.matmul(
+            x, e, transposed=True)), emb),
+    }
+    xs = {m: jnp.asarray(rng.standard_normal((m, h), np.float32)) for m in rows}
+    best, ref = {}, {}
+    for m in rows:
+        for key, (f, a) in fns.items():
+            args = (xs[m], a, None) if key[0] == "layers" else (xs[m], a)
+            ref[m, key] = np.asarray(f(*args))  # compiles
+            best[m, key] = float("inf")
+    for k in range(rounds):
+        for m in rows:
+            for key in (list(fns) if k % 2 == 0 else list(fns)[::-1]):
+                f, a = fns[key]
+                args = (xs[m], a, None) if key[0] == "layers" else (xs[m], a)
+                best[m, key] = min(best[m, key], _best_ms(f, args, reps))
+    out = []
+    for m in rows:
+        for key in fns:
+            base = ref[m, (key[0], "float32 XLA")]
+            out.append({"rows": m, "part": key[0], "path": key[1], "ms": best[m, key],
+                        "vs_float32_xla": best[m, (key[0], "float32 XLA")] / best[m, key],
+                        "rel_err_vs_xla": float(np.linalg.norm(ref[m, key] - base)
+                                                / np.linalg.norm(base))})
+    return out
+
+
+def _print_blocks(rows):
+    print(f"{'rows':>6}{'part':>8}{'path':>14}{'ms':>9}{'XLA f32 / this':>16}{'rel err':>10}")
+    for r in rows:
+        print(f"{r['rows']:>6}{r['part']:>8}{r['path']:>14}{r['ms']:>9.2f}"
+              f"{r['vs_float32_xla']:>15.2f}x{r['rel_err_vs_xla']:>10.1e}")
+
+
 def _print_int8(rows):
     print(f"{'30 layers + logits':<20}{'weights':>9}{'kernel':>8}{'ms':>9}"
           f"{'vs f32 XLA':>12}{'rel err':>10}")
@@ -258,7 +340,9 @@ def _print_int8(rows):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--rows", default="1,2,4,8,16,32,64,128", help="matmul row counts")
+    p.add_argument("--rows", default=None,
+                   help="matmul row counts (default 1,2,4,8,16,32,64,128; --blocks: "
+                        "1,16,64,256,2048)")
     p.add_argument("--attention-rows", default="",
                    help="only the decode attention of a 30-layer step at these row counts "
                         "(e.g. 16,64,128,256)")
@@ -268,13 +352,17 @@ def main(argv=None) -> int:
                    help=f"default {DEFAULT_JSON} (--int8: {INT8_JSON})")
     p.add_argument("--int8", action="store_true",
                    help="only the matmuls with int8 weights beside float32 (C++ and XLA)")
+    p.add_argument("--blocks", action="store_true",
+                   help="only the matmuls with GGUF blocks (C++ block kernel) beside float32 "
+                        "(rows default 1,16,64,256,2048)")
     p.add_argument("--int8-model", action="store_true",
                    help="only SmolLM2-135M int8 decode steps, int8 matmuls in C++ vs XLA")
     ns = p.parse_args(argv)
+    rows = ns.rows or "1,2,4,8,16,32,64,128"
     if not cpu_native.available():
         raise SystemExit(f"cpu_native is unavailable: {cpu_native.unavailable_reason()}")
     if ns.int8_model:
-        steps = int8_model_steps(ns.reps, [int(x) for x in ns.rows.split(",")])
+        steps = int8_model_steps(ns.reps, [int(x) for x in rows.split(",")])
         print(f"{'int8 decode step':<18}{'matmuls':>8}{'ms':>9}{'max |logit diff|':>18}")
         for r in steps:
             print(f"{str(r['rows']) + ' rows':<18}{r['kernel']:>8}{r['ms']:>9.1f}"
@@ -283,10 +371,18 @@ def main(argv=None) -> int:
                     "loadavg": os.getloadavg(), "steps": steps},
                    ns.json or INT8_JSON.replace(".json", "_model.json"))
         return 0
+    if ns.blocks:
+        if not cpu_blockmatmul.available():
+            raise SystemExit(f"cpu_blockmatmul: {cpu_blockmatmul.unavailable_reason()}")
+        rows = block_matmuls(ns.reps, [int(x) for x in (ns.rows or "1,16,64,256,2048").split(",")])
+        _print_blocks(rows)
+        write_json({"benchmark": "cpu_kernels_block_matmuls", "jax": jax.__version__,
+                    "loadavg": os.getloadavg(), "block_matmuls": rows}, ns.json or BLOCKS_JSON)
+        return 0
     if ns.int8:
         if not cpu_qmatmul.available():
             raise SystemExit(f"cpu_qmatmul is unavailable: {cpu_qmatmul.unavailable_reason()}")
-        rows = int8_matmuls(ns.reps, [int(x) for x in ns.rows.split(",")])
+        rows = int8_matmuls(ns.reps, [int(x) for x in rows.split(",")])
         _print_int8(rows)
         write_json({"benchmark": "cpu_kernels_int8_matmuls", "jax": jax.__version__,
                     "loadavg": os.getloadavg(), "int8_matmuls": rows}, ns.json or INT8_JSON)
@@ -306,7 +402,7 @@ def main(argv=None) -> int:
     print(f"{'attention, one layer':<24}{'cpu_native ms':>14}{'xla ms':>10}{'rel err':>10}")
     for r in att:
         print(f"{r['case']:<24}{r['cpu_native_ms']:>14.3f}{r['xla_ms']:>10.3f}{r['rel_err']:>10.1e}")
-    mm = matmuls(ns.reps, [int(x) for x in ns.rows.split(",")])
+    mm = matmuls(ns.reps, [int(x) for x in rows.split(",")])
     print(f"\n{'matmuls, 30 layers':<24}{'cpu_native ms':>14}{'xla ms':>10}{'rel err':>10}")
     for r in mm:
         print(f"{str(r['rows']) + ' rows':<24}{r['cpu_native_ms']:>14.1f}{r['xla_ms']:>10.1f}{r['rel_err']:>10.1e}")

@@ -133,13 +133,20 @@ def measure(kernel: str, dequantize, quant_matmul, float_matmul, rows=CANDIDATE_
     return out
 
 
-def choose(timings: dict[int, dict[str, float]]) -> dict:
-    """{"rows": the kernel's limit, "default": it beats float at some count and is
-    nowhere slower beyond the timings' noise (``TIE``)}."""
+def choose(timings: dict[int, dict[str, float]], kernel: str = "block") -> dict:
+    """{"rows": the kernel's limit, "default": GGUF files keep their blocks} for
+    ``kernel``'s ``timings``. rows: the routing of cpp against jnp that saves most;
+    the block kernel, winning up to the largest count, runs every step (it widens each
+    block once per call however many rows share it). default (block only): cpp beats
+    float somewhere and is nowhere slower beyond the timings' noise (``TIE``)."""
     rows = matmul_rows.choose_rows({r: (t["cpp"], t["jnp"]) for r, t in timings.items()})
+    if kernel != "block":
+        return {"rows": rows, "default": False}
     never_slower = all(t["cpp"] <= TIE * t["float"] for t in timings.values())
     faster = any(t["cpp"] < t["float"] for t in timings.values())
-    return {"rows": rows, "default": bool(never_slower and faster and rows >= max(timings))}
+    covers = rows >= max(timings)
+    return {"rows": EVERY_STEP if covers else rows,
+            "default": bool(never_slower and faster and covers)}
 
 
 def cache_path(library: str | os.PathLike, kernel: str) -> Path:
@@ -178,15 +185,7 @@ def decide(kernel: str, library, measure_fn) -> dict:
         return {"rows": 0, "default": False}
 
     def choose_for(timings):
-        choice = choose(timings)
-        if kernel != "block":
-            return {**choice, "default": False}
-        if choice["rows"] >= max(timings):
-            # It beats the jnp path (which dequantizes the weight in the step) up to the
-            # largest measured step, and it widens each block once per call however many
-            # rows share it: larger steps (long prefills) run it too.
-            choice = {**choice, "rows": EVERY_STEP}
-        return choice
+        return choose(timings, kernel)
 
     return row_limit.cached(cache_path(library, kernel), read_cache, measure_fn, choose_for,
                             write_cache)

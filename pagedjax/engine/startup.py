@@ -171,20 +171,22 @@ def weight_quantization(args, resolved) -> str | None:
 
         sch = checkpoint_quant.scheme(resolved.hf_config or {})
         return sch.method if sch else None
-    if (resolved.gguf_file is None or args.tensor_parallel_size > 1
-            or jax.default_backend() != "cpu"
+    if (args.tensor_parallel_size > 1 or jax.default_backend() != "cpu"
             or args.attention_backend not in ("auto", "cpu_native")):
         return None
+    from pagedjax.kernels_pallas.cpu import quant_rows
     from pagedjax.worker.kernel_limits import quant_kernel_choice
 
     choice = quant_kernel_choice("block")
     if choice["default"]:
         logger.info("GGUF weights kept in their blocks: the C++ block kernel beats float32 "
-                    "weights here and is within 5%% of them at every row count "
-                    "(quantization='none' dequantizes at load)")
+                    "weights here and is within %d%% of them at every row count "
+                    "(quantization='none' dequantizes at load)",
+                    round(100 * (quant_rows.TIE - 1)))
         return "gguf"
     logger.info("GGUF weights dequantized to float at load: the C++ block kernel %s "
                 "(quantization='gguf' keeps the blocks)",
-                "is slower than float32 weights at some row count here" if choice["rows"]
+                "is slower than float32 weights at some row count, or nowhere faster, here"
+                if choice["rows"]
                 else "is not available")
     return None

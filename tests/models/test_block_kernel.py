@@ -109,17 +109,18 @@ def test_quant_kernel_choice_rule(tmp_path, monkeypatch):
     from pagedjax.kernels_pallas.cpu import quant_rows
 
     win = {r: {"cpp": 1.0, "jnp": 2.0, "float": 1.5} for r in (1, 16, 128)}
-    assert quant_rows.choose(win) == {"rows": 128, "default": True}
+    assert quant_rows.choose(win) == {"rows": quant_rows.EVERY_STEP, "default": True}
     lose_big = {**win, 128: {"cpp": 2.0, "jnp": 2.5, "float": 1.0}}
-    assert quant_rows.choose(lose_big) == {"rows": 128, "default": False}
+    assert quant_rows.choose(lose_big) == {"rows": quant_rows.EVERY_STEP, "default": False}
     tie = {**win, 128: {"cpp": 1.04, "jnp": 2.5, "float": 1.0}}  # within the noise: default
-    assert quant_rows.choose(tie) == {"rows": 128, "default": True}
+    assert quant_rows.choose(tie) == {"rows": quant_rows.EVERY_STEP, "default": True}
     lose_small = {**win, 128: {"cpp": 1.07, "jnp": 2.5, "float": 1.0}}
-    assert quant_rows.choose(lose_small) == {"rows": 128, "default": False}
+    assert quant_rows.choose(lose_small) == {"rows": quant_rows.EVERY_STEP, "default": False}
     only_ties = {r: {"cpp": 1.02, "jnp": 2.0, "float": 1.0} for r in (1, 16, 128)}
     assert quant_rows.choose(only_ties)["default"] is False  # never faster: float stays
     never = {r: {"cpp": 3.0, "jnp": 2.0, "float": 1.0} for r in (1, 16)}
     assert quant_rows.choose(never) == {"rows": 0, "default": False}
+    assert quant_rows.choose(win, "int8") == {"rows": 128, "default": False}  # a limit only
     # measured once, then cached beside the build, per kernel; int8 is never a default
     for k in quant_rows.KERNELS:
         monkeypatch.delenv(quant_rows.ENV[k], raising=False)
