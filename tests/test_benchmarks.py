@@ -201,7 +201,7 @@ def test_step_profile_smoke(tiny_folder, tmp_path):
                   "sample_greedy_ms", "sample_top_p_ms", "floor_ms"):
             assert r[k] > 0, k
         assert r["floor"]["layers_xla_ms"] > 0 and r["floor"]["lm_head_xla_ms"] > 0
-        assert r["model_matmuls_ms"] is None or r["model_matmuls_ms"] > 0
+        assert r["model_matmuls_ms"] > 0  # a Llama: its own projections, timed
         rounds = r["step_over_floor_rounds"]  # each round's own step / floor
         assert len(rounds) == 2 and all(x > 0 for x in rounds)
         assert r["step_over_floor"] == pytest.approx(float(np.median(rounds)))

@@ -36,6 +36,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 DEFAULT_JSON = os.path.join(ROOT, "benchmarks", "results", "single_stream.json")
 if ROOT not in sys.path:  # benchmarks.serving, when run as a script
     sys.path.insert(0, ROOT)
+
+from benchmarks.serving import llama_server  # noqa: E402
 PROMPT = "Tell me a long story about a lighthouse keeper and the sea."
 
 
@@ -61,8 +63,6 @@ def _pagedjax_child(model: str | None, mode: str, tokens: int) -> dict:
 
 
 def _llama_cpp(server: str, gguf: str, tokens: int, threads: int) -> dict:
-    from benchmarks.serving import llama_server
-
     with llama_server.running(server, gguf, slots=1, ctx=1024, threads=threads,
                               log_path=os.devnull) as url:
         llama_server.completion(url, PROMPT, tokens)  # warm-up
@@ -89,27 +89,19 @@ def _run(mode: str, ns) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=None, help="GGUF file (default: the default model)")
+    llama_server.add_args(ap)
     ap.add_argument("--modes", default="none,gguf,llama.cpp")
     # e.g. none,gguf,llama.cpp:1,llama.cpp:2
-    ap.add_argument("--llama-server", default=None)
     ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json", default=DEFAULT_JSON)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ns = ap.parse_args(argv)
     if ns.child:
-        sys.path.insert(0, ROOT)
         print("RESULT" + json.dumps(_pagedjax_child(ns.model, ns.child, ns.tokens)))
         return 0
-    from pagedjax.models import resolve_model
-
-    resolved = resolve_model(ns.model)
-    ns.gguf = os.path.join(resolved.path, resolved.gguf_file)
     modes = ns.modes.split(",")
-    if any(m.startswith("llama.cpp") for m in modes) and not ns.llama_server:
-        raise SystemExit("--llama-server: the llama-server binary is needed for llama.cpp")
+    llama_server.resolve_args(ap, ns, needed=any(m.startswith("llama.cpp") for m in modes))
     os.makedirs(os.path.join(ROOT, "benchmarks", "results"), exist_ok=True)
     rounds = []
     for i in range(ns.rounds):

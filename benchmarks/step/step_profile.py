@@ -108,7 +108,7 @@ def matmul_floor(shapes: dict, rows: int, reps: int) -> dict:
 def model_matmuls_ms(runner, rows: int, reps: int) -> float | None:
     """The layer matmuls alone on the model's own weights (float or quantized, through
     the path the plan picks at ``rows`` rows): every layer's qkv, o, gate/up and down
-    projections chained; None for a model without those (Llama-shaped) layers."""
+    projections chained; None for a model whose layers lack them (e.g. mixture of experts)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
