@@ -42,7 +42,8 @@ from pagedjax.kernels_pallas.cpu import matmul_rows, row_limit
 KERNELS = ("block", "int8")
 ENV = {"block": "PAGEDJAX_BLOCK_MATMUL_ROWS", "int8": "PAGEDJAX_INT8_MATMUL_ROWS"}
 CANDIDATE_ROWS = (1, 4, 16, 64, 128, 256)
-FORMAT = 4  # 2: the tie rule; 3: a decoder layer's projection shapes; 4: EVERY_STEP
+FORMAT = 5  # 2: the tie rule; 3: a decoder layer's projection shapes; 4: EVERY_STEP;
+#            5: the tied head beside the layers
 # At many rows both paths run at the machine's multiply-add peak, and one
 # measurement's timings swing by several percent: the block kernel counts as
 # "not slower" than float32 up to this ratio.
@@ -78,6 +79,21 @@ def _weights(kernel: str, shapes) -> list[dict]:
 # model's: qkv with 9 + 2 * 3 heads of 64, o, gate and up, down), four layers.
 LAYER_SHAPES = ((576, 960), (576, 576), (576, 3072), (1536, 576))
 MEASURED_SHAPES = LAYER_SHAPES * 4
+# The tied LM head beside them (the block kernel's choice): the default model's Q8_0
+# table [vocab, hidden], as many steps as the four layers (30 layers to one head: 4 / 30).
+HEAD_SHAPE, HEAD_WEIGHT = (49152, 576), 4 / 30
+
+
+def head_table(shape=HEAD_SHAPE) -> dict:
+    """Random Q8_0 components of a tied table [V, H] quantized along H (codes of every
+    value, small positive float16 scales)."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    rng = np.random.default_rng(2)
+    v, h = shape
+    return {"q": jnp.asarray(rng.integers(-127, 128, (v, h)).astype(np.int8)),
+            "d": jnp.asarray((rng.random((v, h // 32)) * 0.01 + 0.001).astype(np.float16))}
 
 
 def kernel_fn(kernel: str):
@@ -92,12 +108,15 @@ def kernel_fn(kernel: str):
 
 
 def measure(kernel: str, dequantize, quant_matmul, float_matmul, rows=CANDIDATE_ROWS,
-            reps: int = 9, shapes=MEASURED_SHAPES) -> dict[int, dict[str, float]]:
+            reps: int = 9, shapes=MEASURED_SHAPES, head=None) -> dict[int, dict[str, float]]:
     """rows -> {"cpp", "jnp", "float"} best seconds of ``reps`` jitted calls over one
     weight per (in, out) of ``shapes`` (default: four decoder layers' projections). The models' paths come from the caller (this
     package does not import the models): ``dequantize(kind, comps) -> w [k, n]``,
     ``quant_matmul(kind, x, comps)`` (the step's jnp path for quantized weights) and
-    ``float_matmul(x, w)`` (the step's float32 path)."""
+    ``float_matmul(x, w)`` (the step's float32 path). ``head`` (the block kernel: the
+    tied LM head, timed apart and added with ``HEAD_WEIGHT``): {"cpp", "jnp"} ``(x,
+    comps) -> x @ table.T`` on :func:`head_table`'s components, "float" ``(x, w)`` on
+    the table "dequantize"d ``(comps) -> w [V, H]``."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -115,6 +134,12 @@ def measure(kernel: str, dequantize, quant_matmul, float_matmul, rows=CANDIDATE_
         "float": (jax.jit(lambda x, ws: [float_matmul(x[:, :k_in], w)
                                          for (k_in, _), w in zip(shapes, ws)]), ws),
     }
+    if head is not None:
+        table, t_in = head_table(), HEAD_SHAPE[1]
+        w_table = jax.block_until_ready(head["dequantize"](table))
+        for name in list(fns):
+            fns[name + " head"] = (jax.jit(lambda x, t, f=head[name]: f(x[:, :t_in], t)),
+                                   w_table if name == "float" else table)
     rng = np.random.default_rng(1)
     out = {}
     for r in rows:
@@ -129,7 +154,8 @@ def measure(kernel: str, dequantize, quant_matmul, float_matmul, rows=CANDIDATE_
                 t = time.perf_counter()
                 jax.block_until_ready(f(x, a))
                 best[name] = min(best[name], time.perf_counter() - t)
-        out[r] = best
+        out[r] = {name: best[name] + HEAD_WEIGHT * best.get(name + " head", 0.0)
+                  for name in ("cpp", "jnp", "float")}
     return out
 
 

@@ -37,5 +37,18 @@ def quant_kernel_choice(kernel: str, native_rows: int | None = None) -> dict:
             return Q.chunked_matmul(kind, comps, x, float_matmul)
         return float_matmul(x, dequantize(kind, comps))
 
+    head = None
+    if kernel == "block":  # models/nn.py's Embed.attend paths for a tied Q8_0 table
+        from pagedjax.kernels_pallas.cpu import blockmatmul
+
+        def float_matmul_t(x, w):
+            return L.matmul(x, w, plan, transposed=True)
+
+        head = {"cpp": lambda x, c: blockmatmul.blockmatmul("q8_0", c, x, transposed=True),
+                "jnp": lambda x, c: (Q.chunked_matmul_t("q8_0", c, x, float_matmul_t)
+                                     if Q.chunked(x.shape[0], None) else
+                                     float_matmul_t(x, Q.dequantize("q8_0", c, -1, x.dtype))),
+                "float": float_matmul_t,
+                "dequantize": lambda c: Q.dequantize("q8_0", c, -1, jnp.float32)}
     return quant_rows.kernel_rows(kernel, lambda: quant_rows.measure(
-        kernel, dequantize, quant_matmul, float_matmul))
+        kernel, dequantize, quant_matmul, float_matmul, head=head))
