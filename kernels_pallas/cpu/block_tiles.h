@@ -80,27 +80,34 @@ void tile_packed(const float* xp, const float* panel, float* y, int64_t ldy, int
 constexpr int kStrips = 2;  // AVX-512: 16-column strips a tile spans (2 and 4 measure alike)
 
 // tile_packed over kStrips panels side by side (y[0:MR, 16s:16s+16] from panel s,
-// panels kPanel floats apart): each broadcast of x feeds kStrips FMAs. The same
-// chains, so the same bits as one tile_packed call per strip.
+// panels `apart` floats apart): each broadcast of x feeds kStrips FMAs. Over kc
+// values of k a chunk of kPanelK at a time, each chunk's sum one FMA chain from
+// zero, the chunks' sums added in order in registers (then added to y, or
+// stored): so y is written once for any kc, and the bits are those of one
+// tile_packed call per strip and chunk.
 template <int MR>
-void tile_wide(const float* xp, const float* panels, float* y, int64_t ldy, int64_t kc,
-               bool first) {
-  constexpr int64_t P = kPanel;
-  __m512 c[MR][kStrips];
-  for (int r = 0; r < MR; ++r)
-    for (int s = 0; s < kStrips; ++s) c[r][s] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < kc; ++k, xp += 6, panels += 16) {
-    __m512 p[kStrips];
-    for (int s = 0; s < kStrips; ++s) p[s] = _mm512_load_ps(panels + s * P);
-    for (int r = 0; r < MR; ++r) {
-      const __m512 x = _mm512_set1_ps(xp[r]);
-      for (int s = 0; s < kStrips; ++s) c[r][s] = _mm512_fmadd_ps(x, p[s], c[r][s]);
+void tile_wide(const float* xp, const float* panels, int64_t apart, float* y, int64_t ldy,
+               int64_t kc, bool first) {
+  __m512 tot[MR][kStrips], c[MR][kStrips];
+  for (int64_t k0 = 0; k0 < kc; k0 += kPanelK) {
+    for (int r = 0; r < MR; ++r)
+      for (int s = 0; s < kStrips; ++s) c[r][s] = _mm512_setzero_ps();
+    for (int64_t k = k0; k < std::min(kc, k0 + kPanelK); ++k, xp += 6, panels += 16) {
+      __m512 p[kStrips];
+      for (int s = 0; s < kStrips; ++s) p[s] = _mm512_load_ps(panels + s * apart);
+      for (int r = 0; r < MR; ++r) {
+        const __m512 x = _mm512_set1_ps(xp[r]);
+        for (int s = 0; s < kStrips; ++s) c[r][s] = _mm512_fmadd_ps(x, p[s], c[r][s]);
+      }
     }
+    for (int r = 0; r < MR; ++r)
+      for (int s = 0; s < kStrips; ++s)
+        tot[r][s] = k0 == 0 ? c[r][s] : _mm512_add_ps(tot[r][s], c[r][s]);
   }
   for (int r = 0; r < MR; ++r)
     for (int s = 0; s < kStrips; ++s) {
       float* out = y + r * ldy + 16 * s;
-      _mm512_storeu_ps(out, first ? c[r][s] : _mm512_add_ps(_mm512_loadu_ps(out), c[r][s]));
+      _mm512_storeu_ps(out, first ? tot[r][s] : _mm512_add_ps(_mm512_loadu_ps(out), tot[r][s]));
     }
 }
 

@@ -9,29 +9,48 @@
 // Why: the weights of a GGUF file are 4.5-8.5 bits a value; dequantized to
 // float32 at load, every decode step reads 4-7x the bytes. Here the blocks
 // stay as they are in memory and are widened to float32 in registers
-// (blocks.h), a 32-row x 16-column block at a time into an L1-resident panel
-// that every row of x then reuses through a float32 register tile
-// (block_tiles.h: up to 6 rows x 16 or 32 columns, f32 FMA chains; one row of
-// x reads the blocks in place instead, see below). So a weight is read
-// once per call at its quantized size, widened once per call, and multiplied
-// in float32: the result is the dequantized weight's product up to summation
-// order.
+// (blocks.h), a 32-row x 16-column block at a time into a panel that every row
+// of x then reuses through a float32 register tile (block_tiles.h: up to 6
+// rows x 16 or 32 columns, f32 FMA chains). So a weight is read once per call
+// at its quantized size, widened once per call, and multiplied in float32: the
+// result is the dequantized weight's product up to summation order.
 //
-// Work split: x is packed once by groups of 6 rows ([groups][K][6], so that
-// the tile's broadcasts sit at fixed offsets). W [K, N] is split along N into
-// tasks of kNC columns claimed from XLA's intra-op pool (many small tasks: on
-// a busy machine a late thread takes fewer), each walking K kKB blocks at a
-// time (AVX-512: two 16-column strips a tile). For one row of x, W [K, N] is
-// split along K instead, into chunks of kKB blocks (each one run of memory,
-// read in order with the next rows prefetched), whose sums are added in order
-// at the end. Every output of W [K, N] is the same sum whatever the batch and
-// the pool: one FMA chain from zero over each chunk of kKB * 32 values of k,
-// in order, the chunks added in order. W [N, K] is split along N into tasks of
-// kNB rows (kNBFew for a few rows of x: longer runs of memory), 4 rows
-// widened at a time and dotted with up to 6 rows of x at a
-// time (AVX-512: 16-lane chains, dots_nt; AVX2: 8-lane, dot2x4 / dot1x4), the
-// same sums at every row count. So a row's result does not depend on the rest
-// of the batch.
+// A few rows of x through W [K, N] (up to kChunkRows: the decode steps of a few
+// streams) read the blocks in place instead and factor the scales out of their
+// sums: with a
+// weight value a * q + c (blocks.h; a per 16 or 32 values of k, c per 32),
+// each 32-block of k contributes
+//
+//   a * S + c * X,   S = x[0:32] . q[0:32] (q6_k: a * S_lo + a2 * S_hi, 16 each),
+//                    X = block_sum(x[0:32])
+//
+// -- the dequantized weight's product in real arithmetic, with one FMA a value
+// and row instead of two (widen a * q + c, then multiply): the arithmetic, not
+// DRAM, bounds a few rows. Its float32 rounding differs from the panels'
+// (within the same tolerance of the float64 product; not bit for bit).
+//
+// Work split: many rows of x (more than kChunkRows for W [K, N], more than
+// kDotRows for the table W [N, K]) run on panels: x is packed once by groups of 6
+// rows ([groups][K][6], so that the tile's broadcasts sit at fixed offsets), W is
+// split along N into tasks of kNC columns (table rows) claimed from XLA's
+// intra-op pool (many small tasks: on a busy machine a late thread takes fewer).
+// AVX-512 with K <= kFullK: a task widens its strips over all of K (the table's
+// rows transposed into columns) and runs them through every row of x two strips
+// at a time, so each output is written once; else K kKB blocks at a time. A few
+// rows of x through W [K, N] (chunk_rows, AVX2) split W along K instead, into
+// chunks of kKB blocks (each one run of memory, read once for all the rows, in
+// order with the next rows prefetched), whose sums are added in order at the
+// end. A few rows through the table (block_nt): tasks of kNB rows (kNBFew for
+// at most kFewRows rows of x: longer runs of memory), 4 rows widened at a time
+// and dotted with up to 6 rows of x at a time (AVX-512: 16-lane chains,
+// dots_nt; AVX2: 8-lane, dot2x4 / dot1x4).
+//
+// Every output is the same sum whatever the pool, and whatever the batch within
+// each path: panels, one FMA chain from zero over each chunk of kPanelK values
+// of k, the chunks added in order; chunk_rows, each row's factored sums from
+// zero over each chunk, the chunks added in order; the table's dots, each one
+// 16-lane chain reduced in one fixed order. So a row's result does not depend
+// on the rest of the batch, except on which path its row count takes.
 
 #include <algorithm>
 #include <cmath>
@@ -61,6 +80,10 @@ constexpr int64_t kNB = 64;  // W rows per task (W [N, K])
 constexpr int64_t kNBFew = 256;  // W [N, K], at most kFewRows rows of x: longer runs of memory
 constexpr int64_t kFewRows = 4;
 constexpr int64_t kNC = 64;  // W columns per task (W [K, N])
+constexpr int kChunkRows = 8;
+constexpr int kDotRows = 16;  // W [N, K]: rows of x up to which block_nt dots widened rows
+constexpr int64_t kFullK = 2048;  // panels: K up to which a task's strips are widened whole (L2)
+constexpr int64_t kRowBlock = 24;  // panels of whole strips: rows of x at a time (L2)  // W [K, N]: rows of x up to which chunk_rows reads W in place
 
 struct BlockWork : pagedjax_parallel::Tasks {
   const float* x;
@@ -68,9 +91,10 @@ struct BlockWork : pagedjax_parallel::Tasks {
   float* y;
   int64_t M, K, N;
   bool transposed;
-  std::vector<float> partials;  // one row of x, W [K, N]: each chunk's sums [tasks][N]
+  std::vector<float> partials;  // a few rows of x, W [K, N]: each chunk's sums [tasks][M][N]
   int64_t rows_per_task = kNB;  // W [N, K]
   std::vector<float> xp;  // W [K, N]: x packed [(M + 5) / 6][K][6] (rows past M: zero)
+  std::vector<float> xs;  // a few rows of x, W [K, N]: their 32-blocks' sums [M][K / 32]
   void run();
 };
 
@@ -100,6 +124,16 @@ void panel_product(const BlockWork& w, const float* panel, int64_t k0, int64_t k
   }
 }
 
+// X of a 32-block of x, in one fixed order of pairwise sums (every path the
+// same; vectorizes): lane i of 16 = x[i] + x[i + 16], then halves added, 16 -> 1.
+inline float block_sum(const float* x) {
+  float t[16];
+  for (int i = 0; i < 16; ++i) t[i] = x[i] + x[i + 16];
+  for (int h = 8; h > 0; h /= 2)
+    for (int i = 0; i < h; ++i) t[i] += t[i + h];
+  return t[0];
+}
+
 // xp[g][k][r] = x[6g + r, k] (rows past M: zero).
 void pack_x(BlockWork& w) {
 #ifdef PAGEDJAX_AVX2
@@ -115,23 +149,110 @@ void pack_x(BlockWork& w) {
 #endif
 }
 
-// Columns [n0, n1) of y = x @ W [K, N]: K kKB blocks at a time (the packed x's
-// slice stays in cache for every strip), 16 columns at a time.
-void columns_nn(const BlockWork& w, int64_t n0, int64_t n1) {
+#ifdef PAGEDJAX_AVX512
+// dst[i * ld + j] = src[j * ls + i] for a 16 x 16 block of floats.
+inline void transpose16(const float* src, int64_t ls, float* dst, int64_t ld) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * ls);
+  for (int i = 0; i < 8; ++i) {  // lane L: rows 2i, 2i + 1 at columns 4L..4L+3
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int g = 0; g < 4; ++g) {  // u[g][c], lane L: rows 4g..4g+3 at column 4L + c
+    const __m512d a = _mm512_castps_pd(t[4 * g]), b = _mm512_castps_pd(t[4 * g + 2]);
+    const __m512d c = _mm512_castps_pd(t[4 * g + 1]), d = _mm512_castps_pd(t[4 * g + 3]);
+    r[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+    r[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+    r[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
+    r[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
+  }
+  for (int c = 0; c < 4; ++c) {  // column 4L + c: lane L of u[0..3][c]
+    const __m512 a = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88);
+    const __m512 b = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xDD);
+    const __m512 a2 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
+    const __m512 b2 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xDD);
+    _mm512_storeu_ps(dst + c * ld, _mm512_shuffle_f32x4(a, a2, 0x88));
+    _mm512_storeu_ps(dst + (4 + c) * ld, _mm512_shuffle_f32x4(b, b2, 0x88));
+    _mm512_storeu_ps(dst + (8 + c) * ld, _mm512_shuffle_f32x4(a, a2, 0xDD));
+    _mm512_storeu_ps(dst + (12 + c) * ld, _mm512_shuffle_f32x4(b, b2, 0xDD));
+  }
+}
+#endif
+
+// Block b (32 values of k) of the 16 columns n..n+15 of W seen as [K, N] ->
+// out[32][16]: Cols layout (T = 0) as it lies in memory; the table W [N, K]
+// (T = 1): its rows n..n+15 widened, then transposed.
+template <bool T>
+inline void decode_panel(const BlockWork& w, int64_t b, int64_t n, float* out) {
+  if constexpr (!T) {
+    pagedjax_blocks::decode_cols(w.w, w.N, b, n, out);
+  } else {
+    alignas(64) float rows[16 * 32];
+    for (int j = 0; j < 16; ++j) pagedjax_blocks::decode_row_block(w.w, w.K, n + j, b, rows + 32 * j);
+#ifdef PAGEDJAX_AVX512
+    transpose16(rows, 32, out, 16);
+    transpose16(rows + 16, 32, out + 16 * 16, 16);
+#else
+    for (int e = 0; e < 32; ++e)
+      for (int j = 0; j < 16; ++j) out[e * 16 + j] = rows[j * 32 + e];
+#endif
+  }
+}
+
+// decode_panel for the last cols < 16 columns, one value at a time (lanes past
+// cols zero).
+template <bool T>
+inline void decode_panel_tail(const BlockWork& w, int64_t b, int64_t n, int64_t cols,
+                              float* out) {
+  if constexpr (!T) {
+    pagedjax_blocks::decode_cols_tail(w.w, w.N, b, n, cols, out);
+  } else {
+    for (int e = 0; e < 32; ++e)
+      for (int i = 0; i < 16; ++i)
+        out[e * 16 + i] = i < cols ? pagedjax_blocks::value_rows(w.w, w.K, n + i, 32 * b + e) : 0.0f;
+  }
+}
+
+// Columns [n0, n1) of y = x @ W [K, N] (T: of y = x @ W [N, K]^T, W's rows n0..n1).
+// AVX-512 and K <= kFullK: the task's strips widened over all of K into `full`
+// (kNC * K floats, in L2), then run kStrips at a time through kRowBlock rows of x
+// at a time, so y is written once. Else, and for the last strips: K kKB blocks
+// at a time (the packed x's slice stays in cache for every strip), 16 columns at
+// a time. The same sums either way (each chunk of kPanelK values of k from zero,
+// the chunks added in order).
+template <bool T>
+void columns_nn(const BlockWork& w, int64_t n0, int64_t n1, float* full) {
   const int64_t N = w.N, K = w.K;
+  int64_t n_rest = n0;  // columns left to the chunked loop
+#ifdef PAGEDJAX_AVX512
+  if (K <= kFullK) {
+    for (; n_rest + 16 * kStrips <= n1; n_rest += 16 * kStrips) {
+      for (int s = 0; s < kStrips; ++s)
+        for (int64_t b = 0; b < K / 32; ++b)
+          decode_panel<T>(w, b, n_rest + 16 * s, full + s * K * 16 + b * 32 * 16);
+      for (int64_t m0 = 0; m0 < w.M; m0 += 6)
+        with_rows(int(std::min<int64_t>(6, w.M - m0)), [&](auto R) {
+          tile_wide<R>(w.xp.data() + m0 * K, full, K * 16, w.y + m0 * N + n_rest, N, K, true);
+        });
+    }
+  }
+#else
+  (void)full;
+#endif
   alignas(64) float panel[kPanel];
   for (int64_t kb = 0; kb < K; kb += kKB * 32) {
     const int64_t kc = std::min(kKB * 32, K - kb);
-    int64_t n = n0;
+    int64_t n = n_rest;
 #ifdef PAGEDJAX_AVX512
     for (; n + 16 * kStrips <= n1; n += 16 * kStrips) {  // kStrips strips a tile
       alignas(64) float panels[kStrips][kPanel];
       for (int s = 0; s < kStrips; ++s)
         for (int64_t b = 0; b < kc / 32; ++b)
-          pagedjax_blocks::decode_cols(w.w, N, kb / 32 + b, n + 16 * s, panels[s] + b * 32 * 16);
+          decode_panel<T>(w, kb / 32 + b, n + 16 * s, panels[s] + b * 32 * 16);
       for (int64_t m0 = 0; m0 < w.M; m0 += 6)
         with_rows(int(std::min<int64_t>(6, w.M - m0)), [&](auto R) {
-          tile_wide<R>(w.xp.data() + m0 * K + kb * 6, panels[0], w.y + m0 * N + n, N, kc, kb == 0);
+          tile_wide<R>(w.xp.data() + m0 * K + kb * 6, panels[0], kPanel, w.y + m0 * N + n, N,
+                       kc, kb == 0);
         });
     }
 #endif
@@ -139,9 +260,9 @@ void columns_nn(const BlockWork& w, int64_t n0, int64_t n1) {
       const int64_t cols = std::min<int64_t>(16, n1 - n);
       for (int64_t b = 0; b < kc / 32; ++b) {
         if (cols == 16)
-          pagedjax_blocks::decode_cols(w.w, N, kb / 32 + b, n, panel + b * 32 * 16);
+          decode_panel<T>(w, kb / 32 + b, n, panel + b * 32 * 16);
         else  // the last columns (N % 16), one value at a time
-          pagedjax_blocks::decode_cols_tail(w.w, N, kb / 32 + b, n, cols, panel + b * 32 * 16);
+          decode_panel_tail<T>(w, kb / 32 + b, n, cols, panel + b * 32 * 16);
       }
       panel_product(w, panel, kb, kc, n, cols, w.y, kb == 0);
     }
@@ -149,19 +270,27 @@ void columns_nn(const BlockWork& w, int64_t n0, int64_t n1) {
 }
 
 #ifdef PAGEDJAX_AVX2
-// One row of x: the product over blocks [b0, b1) of W [K, N] (one chunk of kKB
-// blocks), every column, into acc[0:N]. The chunk's rows are one run of memory,
-// read in order four elements of k at a time, the blocks' factors widened once
-// into `f` (48 floats a strip). Tasks of columns would each read a little of
-// every row instead, N values apart, which costs DRAM most of its bandwidth.
-// Each output is the FMA chain over the chunk's k in order from zero that
-// columns_nn forms from the same widened values, so the bits are the same as
-// at any other row count.
-template <int Kind>
-void chunk_row_kind(const BlockWork& w, int64_t b0, int64_t b1, float* acc, float* f) {
+// A few rows of x (R <= kChunkRows): the product over blocks [b0, b1) of W [K, N]
+// (one chunk of kKB blocks), every column, into acc[R][N]. The chunk's rows are
+// one run of memory, read once for every row of x, in order in 4 passes a block
+// (pass p: the pairs of elements j, j + 16 for j = 4p..4p+3, one byte row each
+// of a 4-bit kind), each row's sums S (q6_k: S_lo and S_hi) kept in `s_sum`
+// between passes, folded into acc with the block's factors (widened once into
+// `f`, 48 floats a strip) after the last: acc = fma(a, S, acc) (q6_k: fma(a,
+// S_lo, acc), then fma(a2, S_hi, acc)), then acc = fma(c, X, acc), X =
+// block_sum (see the top). Tasks of columns would each read a little of every
+// row instead, N values apart, which costs DRAM most of its bandwidth. Each
+// row's sums are its own, so its bits are the same at every R.
+template <int Kind, int R>
+void chunk_rows_kind(const BlockWork& w, int64_t b0, int64_t b1, float* acc, float* f) {
+  using pagedjax_blocks::splat;
   using pagedjax_blocks::v16f;
+  using pagedjax_blocks::v16i;
+  constexpr bool kOne = pagedjax_blocks::one_scale(Kind);
+  constexpr int kSums = kOne ? 16 : 32;  // floats of sums a row and strip
   const int64_t N = w.N, K = w.K, strips = N / 16;
-  std::memset(acc, 0, sizeof(float) * N);
+  float* s_sum = f + 48 * strips;  // [strips][R][kSums]
+  std::memset(acc, 0, sizeof(float) * R * N);
   for (int64_t b = b0; b < b1; ++b) {
     for (int64_t s = 0; s < strips; ++s) {
       v16f a, a2, cc;
@@ -170,49 +299,82 @@ void chunk_row_kind(const BlockWork& w, int64_t b0, int64_t b1, float* acc, floa
       std::memcpy(f + 48 * s + 16, &a2, 64);
       std::memcpy(f + 48 * s + 32, &cc, 64);
     }
-    const float* xb = w.x + 32 * b;
-    for (int e0 = 0; e0 < 32; e0 += 4) {
-      const int half = e0 < 16 ? 0 : 16;
-      const pagedjax_blocks::Ahead ahead = pagedjax_blocks::rows_ahead(w.w, N, b, e0 / 4, K / 32);
-      const v16f xe[4] = {pagedjax_blocks::splat(xb[e0]), pagedjax_blocks::splat(xb[e0 + 1]),
-                          pagedjax_blocks::splat(xb[e0 + 2]), pagedjax_blocks::splat(xb[e0 + 3])};
+    const float* xb = w.x + 32 * b;  // row r: xb + r * K
+    for (int p = 0; p < 4; ++p) {
+      const pagedjax_blocks::Ahead ahead = pagedjax_blocks::rows_ahead(w.w, N, b, p, K / 32);
       for (int64_t s = 0; s < strips; ++s) {
         if (s % 4 == 0) pagedjax_blocks::prefetch(ahead, 16 * s, 64);
-        v16f sum, a, cc;
-        std::memcpy(&sum, acc + 16 * s, 64);
-        std::memcpy(&a, f + 48 * s + half, 64);
-        std::memcpy(&cc, f + 48 * s + 32, 64);
-        for (int e = e0; e < e0 + 4; ++e) {
-          const v16f q =
-              pagedjax_blocks::to_f(pagedjax_blocks::cols_codes<Kind>(w.w, N, b, e, 16 * s));
-          const v16f v = Kind == pagedjax_blocks::kQ8_0 ? a * q : a * q + cc;
-          sum = xe[e - e0] * v + sum;
+        float* sums = s_sum + R * kSums * s;
+        v16f lo_sum[R], hi_sum[R];
+        for (int r = 0; r < R; ++r) {
+          lo_sum[r] = hi_sum[r] = v16f{};
+          if (p > 0) {
+            std::memcpy(&lo_sum[r], sums + kSums * r, 64);
+            if (!kOne) std::memcpy(&hi_sum[r], sums + kSums * r + 16, 64);
+          }
         }
-        std::memcpy(acc + 16 * s, &sum, 64);
+        for (int i = 0; i < 4; ++i) {
+          const int j = 4 * p + i;
+          v16i lo_q, hi_q;
+          pagedjax_blocks::cols_code_pair<Kind>(w.w, N, b, j, 16 * s, &lo_q, &hi_q);
+          const v16f lo = pagedjax_blocks::to_f(lo_q), hi = pagedjax_blocks::to_f(hi_q);
+          for (int r = 0; r < R; ++r) {
+            lo_sum[r] = splat(xb[r * K + j]) * lo + lo_sum[r];
+            if (kOne)
+              lo_sum[r] = splat(xb[r * K + 16 + j]) * hi + lo_sum[r];
+            else
+              hi_sum[r] = splat(xb[r * K + 16 + j]) * hi + hi_sum[r];
+          }
+        }
+        if (p < 3) {
+          for (int r = 0; r < R; ++r) {
+            std::memcpy(sums + kSums * r, &lo_sum[r], 64);
+            if (!kOne) std::memcpy(sums + kSums * r + 16, &hi_sum[r], 64);
+          }
+          continue;
+        }
+        v16f a, a2, cc;  // the fold
+        std::memcpy(&a, f + 48 * s, 64);
+        std::memcpy(&a2, f + 48 * s + 16, 64);
+        std::memcpy(&cc, f + 48 * s + 32, 64);
+        for (int r = 0; r < R; ++r) {
+          v16f c;
+          std::memcpy(&c, acc + r * N + 16 * s, 64);
+          c = a * lo_sum[r] + c;
+          if (!kOne) c = a2 * hi_sum[r] + c;
+          c = cc * splat(w.xs[r * (K / 32) + b]) + c;
+          std::memcpy(acc + r * N + 16 * s, &c, 64);
+        }
       }
     }
     if (16 * strips < N) {  // the last columns (N % 16), one value at a time
       alignas(64) float panel[32 * 16];
       pagedjax_blocks::decode_cols_tail(w.w, N, b, 16 * strips, N - 16 * strips, panel);
-      for (int64_t j = 0; j < N - 16 * strips; ++j) {
-        float sum = acc[16 * strips + j];
-        for (int e = 0; e < 32; ++e) sum = std::fma(xb[e], panel[e * 16 + j], sum);
-        acc[16 * strips + j] = sum;
-      }
+      for (int r = 0; r < R; ++r)
+        for (int64_t j = 0; j < N - 16 * strips; ++j) {
+          float sum = acc[r * N + 16 * strips + j];
+          for (int e = 0; e < 32; ++e) sum = std::fma(xb[r * K + e], panel[e * 16 + j], sum);
+          acc[r * N + 16 * strips + j] = sum;
+        }
     }
   }
 }
 
-void chunk_row(const BlockWork& w, int64_t b0, int64_t b1, float* acc, float* f) {
-  using namespace pagedjax_blocks;
-  switch (w.w.kind) {
-    case kQ8_0: chunk_row_kind<kQ8_0>(w, b0, b1, acc, f); break;
-    case kQ4_0: chunk_row_kind<kQ4_0>(w, b0, b1, acc, f); break;
-    case kQ4_1: chunk_row_kind<kQ4_1>(w, b0, b1, acc, f); break;
-    case kQ4_K: chunk_row_kind<kQ4_K>(w, b0, b1, acc, f); break;
-    case kQ6_K: chunk_row_kind<kQ6_K>(w, b0, b1, acc, f); break;
-    default: chunk_row_kind<kI4>(w, b0, b1, acc, f);
+// f(std::integral_constant<int, R>{}) for R = rows, 1..kChunkRows.
+template <int R = kChunkRows, typename F>
+inline void with_chunk_rows(int rows, F f) {
+  if constexpr (R > 1) {
+    if (rows < R) return with_chunk_rows<R - 1>(rows, f);
   }
+  f(std::integral_constant<int, R>{});
+}
+
+void chunk_rows(const BlockWork& w, int64_t b0, int64_t b1, float* acc, float* f) {
+  pagedjax_blocks::with_kind(w.w.kind, [&](auto kind) {
+    with_chunk_rows(int(w.M), [&](auto R) {
+      chunk_rows_kind<decltype(kind)::value, R>(w, b0, b1, acc, f);
+    });
+  });
 }
 #endif
 
@@ -259,20 +421,41 @@ void block_nt(const BlockWork& w, int64_t n0, int64_t n1, float* buf) {
   }
 }
 
+#ifdef PAGEDJAX_AVX2
+constexpr bool kChunks = true;
+#else
+constexpr bool kChunks = false;  // chunk_rows needs the vector widening
+#endif
+
+// Whether a call runs on panels (tasks of kNC columns, columns_nn): many rows of x
+// with either layout (W [K, N]: more than kChunkRows; W [N, K]: more than kDotRows),
+// and W [K, N] without chunk_rows.
+inline bool on_panels(const BlockWork& w) {
+  return w.M > (w.transposed ? kDotRows : kChunkRows) || (!w.transposed && !kChunks);
+}
+
 void BlockWork::run() {
   std::vector<float> buf;
+  const bool panels = on_panels(*this);
   for (int64_t t; (t = claim()) >= 0; finish()) {
-    if (transposed) {
+    if (panels) {
+#ifdef PAGEDJAX_AVX512
+      if (buf.empty() && K <= kFullK) buf.resize(kNC * K + 16);
+#endif
+      float* full = buf.empty() ? nullptr : pagedjax_blocks::align64(buf.data());
+      if (transposed)
+        columns_nn<true>(*this, t * kNC, std::min(N, (t + 1) * kNC), full);
+      else
+        columns_nn<false>(*this, t * kNC, std::min(N, (t + 1) * kNC), full);
+    } else if (transposed) {
       if (buf.empty()) buf.resize(rows_per_task * K);
       block_nt(*this, t * rows_per_task, std::min(N, (t + 1) * rows_per_task), buf.data());
+    } else {  // a few rows: chunk t of kKB blocks
 #ifdef PAGEDJAX_AVX2
-    } else if (!partials.empty()) {  // one row: chunk t of kKB blocks
-      if (buf.empty()) buf.resize(3 * (N + 15));
-      chunk_row(*this, t * kKB, std::min(K / 32, (t + 1) * kKB), partials.data() + t * N,
-                buf.data());
+      if (buf.empty()) buf.resize((3 + 2 * M) * (N + 15));
+      chunk_rows(*this, t * kKB, std::min(K / 32, (t + 1) * kKB), partials.data() + t * M * N,
+                 buf.data());
 #endif
-    } else {
-      columns_nn(*this, t * kNC, std::min(N, (t + 1) * kNC));
     }
   }
 }
@@ -283,24 +466,26 @@ template <typename Schedule>
 void run_blockmatmul(const std::shared_ptr<BlockWork>& work, int64_t threads,
                      Schedule schedule) {
   BlockWork& w = *work;
-  if (w.transposed) {
-    w.rows_per_task = w.M <= kFewRows ? kNBFew : kNB;
-    w.n_tasks = (w.N + w.rows_per_task - 1) / w.rows_per_task;
-#ifdef PAGEDJAX_AVX2
-  } else if (w.M == 1) {
-    w.n_tasks = (w.K / 32 + kKB - 1) / kKB;
-    w.partials.resize(w.n_tasks * w.N);
-#endif
-  } else {
+  if (on_panels(w)) {
     pack_x(w);
     w.n_tasks = (w.N + kNC - 1) / kNC;
+  } else if (w.transposed) {
+    w.rows_per_task = w.M <= kFewRows ? kNBFew : kNB;
+    w.n_tasks = (w.N + w.rows_per_task - 1) / w.rows_per_task;
+  } else {
+    const int64_t nb = w.K / 32;
+    w.xs.resize(w.M * nb);
+    for (int64_t i = 0; i < w.M * nb; ++i) w.xs[i] = block_sum(w.x + 32 * i);
+    w.n_tasks = (nb + kKB - 1) / kKB;
+    w.partials.resize(w.n_tasks * w.M * w.N);
   }
   pagedjax_parallel::run(work, threads, pagedjax_matmul_ffi::worth_helpers(w.M, w.K, w.N),
                          schedule);
-  if (!w.partials.empty()) {  // the chunks' sums, in order (as columns_nn adds them)
-    std::memcpy(w.y, w.partials.data(), sizeof(float) * w.N);
+  if (!w.partials.empty()) {  // the chunks' sums, in order
+    const int64_t size = w.M * w.N;
+    std::memcpy(w.y, w.partials.data(), sizeof(float) * size);
     for (int64_t t = 1; t < w.n_tasks; ++t)
-      for (int64_t n = 0; n < w.N; ++n) w.y[n] += w.partials[t * w.N + n];
+      for (int64_t i = 0; i < size; ++i) w.y[i] += w.partials[t * size + i];
   }
 }
 
@@ -402,13 +587,15 @@ extern "C" int PagedjaxSelfTest() {
   int bad = 0;
   for (int kind = 0; kind < pagedjax_blocks::kNumKinds; ++kind) {
     const int64_t K = pagedjax_blocks::block_of(kind) * 2;
-    bad |= self_test_case(kind, 3, K, 70, false, 2) << 1;  // two tasks, 16-col strips + tail
-    bad |= self_test_case(kind, 8, K, 16, false, 1) << 2;  // a 6-row and a 2-row tile
+    bad |= self_test_case(kind, 9, K, 70, false, 2) << 1;   // panels: two tasks, strips + tail
+    bad |= self_test_case(kind, 14, K, 16, false, 1) << 2;  // 6-row tiles and a 2-row tile
     bad |= self_test_case(kind, 5, K, 9, true, 1) << 3;    // W [N, K]: groups of 4 + rows
     const int64_t chunks = pagedjax_blocks::block_of(kind) == 32 ? 320 : 512;  // 3-4 chunks
     bad |= self_test_case(kind, 1, chunks, 150, false, 2) << 5;  // one row: chunks + the tail
-    bad |= self_test_case(kind, 3, chunks, 40, false, 2) << 6;   // rows: chunks, wide tiles
+    bad |= self_test_case(kind, 3, chunks, 40, false, 2) << 6;   // a few rows: chunks
+    bad |= self_test_case(kind, 13, chunks, 40, false, 2) << 8;  // panels: wide tiles
     bad |= self_test_case(kind, 7, chunks, 50, true, 2) << 7;    // W [N, K]: groups of 4
+    bad |= self_test_case(kind, 17, chunks, 50, true, 2) << 9;   // W [N, K]: panels + tail
   }
   bad |= pagedjax_isa::avx512_self_test() << 4;  // -march=native may have turned AVX-512 on
   return bad;

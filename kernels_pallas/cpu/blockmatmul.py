@@ -6,9 +6,10 @@ weight whose models/quant.py components ``comps`` (kind ``q8_0``, ``q4_0``,
 quantized along K: every component ``[K_c, N]``)
 describe; ``transposed=True`` is ``x @ W[N, K].T`` for a table quantized along
 its last axis (the tied LM head, components ``[N, K_c]``). The blocks stay in
-memory as the GGUF file has them and are widened to float32 in registers a
-32 x 16 block at a time (blockmatmul.cc, blocks.h), summed in float32: the
-product of the dequantized weight up to summation order, reading 4-7x fewer
+memory as the GGUF file has them and are widened to float32 in registers
+(blockmatmul.cc, blocks.h), summed in float32 (a few rows of x factor the
+blocks' scales out of their sums): the product of the dequantized weight up to
+float32 rounding, as another summation order would give, reading 4-7x fewer
 bytes than the float32 weight. The models use it on the CPU for the steps the
 execution plan routes to it (``plan.block_matmul_rows``, models/nn.py).
 

@@ -17,6 +17,9 @@
 //
 // -- the same products gguf.quants.dequantize forms, so a block widened here
 // is the dequantized float weight (up to the fused multiply-add's rounding).
+// blockmatmul.cc's one-row path takes the codes (cols_code_pair: elements j
+// and j + 16 together) and the factors a, a2, c (cols_scales) apart instead,
+// to factor the scales out of its sums.
 // Two layouts: Cols (the quantized axis first, [K_c, N]: 16 lanes are 16
 // columns of one row) and Rows (the quantized axis last, [N, K_c]: the tied
 // embedding; 16 lanes are 16 consecutive elements of one row). Written with
@@ -25,6 +28,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "convert.h"
 
@@ -69,6 +73,10 @@ inline v16i widen_u8(const uint8_t* p) { return widen16<false>(p); }
 inline v16i widen_s8(const uint8_t* p) { return widen16<true>(p); }
 inline v16f to_f(v16i v) { return __builtin_convertvector(v, v16f); }
 inline v16f splat(float f) { return v16f{} + f; }
+// p rounded up to 64 bytes (an aligned view into a buffer 16 floats longer).
+inline float* align64(float* p) {
+  return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t(63));
+}
 
 inline float f16(const uint8_t* base, int64_t i) {
   uint16_t h;
@@ -143,22 +151,49 @@ inline void cols_scales(const Comps& w, int64_t N, int64_t b, int64_t n, v16f* a
   *a_out = a, *a2_out = a2, *c_out = cc;
 }
 
-// Cols layout: the integer codes q of element e (row 32b + e) of columns n..n+15
-// (the table at the top), for a block kind known at compile time.
+// Cols layout: the integer codes q of elements j and j + 16 (j < 16) of block b,
+// columns n..n+15 (the table at the top; a 4-bit kind's byte row j holds both, as
+// its low and high nibbles), for a block kind known at compile time.
 template <int Kind>
-inline v16i cols_codes(const Comps& w, int64_t N, int64_t b, int e, int64_t n) {
-  if (Kind == kQ8_0) return widen_s8(w.c[0] + (32 * b + e) * N + n);
-  const int j = e % 16;
-  const v16i bytes = widen_u8(w.c[0] + (16 * b + j) * N + n);
-  v16i q = e < 16 ? bytes & 15 : bytes >> 4;
-  if (Kind == kQ4_0) q -= 8;
-  if (Kind == kQ6_K) {
-    const v16i h = widen_u8(w.c[1] + (8 * b + j % 8) * N + n);
-    const int s = 2 * (j / 8) + (e < 16 ? 0 : 4);
-    q = (q | (((h >> s) & 3) << 4)) - 32;
+inline void cols_code_pair(const Comps& w, int64_t N, int64_t b, int j, int64_t n, v16i* lo,
+                           v16i* hi) {
+  if (Kind == kQ8_0) {
+    *lo = widen_s8(w.c[0] + (32 * b + j) * N + n);
+    *hi = widen_s8(w.c[0] + (32 * b + 16 + j) * N + n);
+    return;
   }
-  return q;
+  const v16i bytes = widen_u8(w.c[0] + (16 * b + j) * N + n);
+  v16i l = bytes & 15, h = bytes >> 4;
+  if (Kind == kQ4_0) {
+    l -= 8;
+    h -= 8;
+  }
+  if (Kind == kQ6_K) {
+    const v16i qh = widen_u8(w.c[1] + (8 * b + j % 8) * N + n);
+    const int s = 2 * (j / 8);
+    l = (l | (((qh >> s) & 3) << 4)) - 32;
+    h = (h | (((qh >> (s + 4)) & 3) << 4)) - 32;
+  }
+  *lo = l, *hi = h;
 }
+
+// f(std::integral_constant<int, Kind>{}) for the kind known at run time.
+template <typename F>
+inline void with_kind(int kind, F f) {
+  switch (kind) {
+    case kQ8_0: f(std::integral_constant<int, kQ8_0>{}); break;
+    case kQ4_0: f(std::integral_constant<int, kQ4_0>{}); break;
+    case kQ4_1: f(std::integral_constant<int, kQ4_1>{}); break;
+    case kQ4_K: f(std::integral_constant<int, kQ4_K>{}); break;
+    case kQ6_K: f(std::integral_constant<int, kQ6_K>{}); break;
+    default: f(std::integral_constant<int, kI4>{}); break;
+  }
+}
+
+// Whether a kind's factor a is the same for all 32 values of a block (a2 = a):
+// every kind but q6_k (a scale per 16). The one-row path then sums the block's
+// 32 products in one chain.
+constexpr bool one_scale(int kind) { return kind != kQ6_K; }
 
 // Cols layout: rows 32b..32b+31 of columns n..n+15 of a weight [K, N] -> out[32][16]
 // floats (row-major, 16 per row).
@@ -265,34 +300,39 @@ inline int64_t div_of(const Comps& w, int i) {
   return w.kind == kI4 && i > 0 ? w.group : kDiv[w.kind][i];
 }
 
-// Cols layout, a kernel reading block b's elements four at a time (pass p of 8
-// reads elements 4p..4p+3 across the columns) over a run of blocks: the rows a
-// coming pass reads, for prefetch(). Codes: the rows of the next pass (the next
-// block's first after the last); factors: the next block's, at pass 4. The
-// hardware prefetchers alone leave this stream of short row runs well short of
-// DRAM's bandwidth.
+// Cols layout, a kernel reading block b's codes in 4 passes over a run of blocks
+// (pass p: elements 4p..4p+3 and 16+4p..16+4p+3 across the columns,
+// cols_code_pair's pairs): the rows the coming pass reads, for prefetch().
+// Codes: the rows of the next pass (the next block's first after the last);
+// factors: the next block's, at pass 2. The hardware prefetchers alone leave
+// this stream of short row runs well short of DRAM's bandwidth.
 struct Ahead {
-  const uint8_t* row[16];
-  int64_t size[16];  // bytes a column
+  const uint8_t* row[24];
+  int64_t size[24];  // bytes a column
   int n = 0;
 };
 
 inline Ahead rows_ahead(const Comps& w, int64_t N, int64_t b, int p, int64_t blocks) {
   Ahead a;
+  const int64_t nb = p < 3 ? b : b + 1;  // the coming pass's block and pass
+  const int np = (p + 1) % 4;
   for (int i = 0; i < kNumComps[w.kind]; ++i) {
     const int64_t div = div_of(w, i), size = kSize[w.kind][i];
     const int64_t per = div <= 32 ? 32 / div : 0;  // rows a block
-    int64_t r0 = 0, rows = 0;
-    if (per >= 8) {  // codes
-      if (4 * (p + 1) > per) continue;
-      r0 = per * b + 4 * (p + 1), rows = 4;  // per * (b + 1) + 0..3 after the last pass
-    } else if (p == 4 && b + 1 < blocks) {  // factors of the next block
+    int64_t starts[2], rows = 0;
+    int n_starts = 0;
+    if (per >= 8) {  // codes: 4 rows (q8_0: and the 4 rows 16 further; q6_k's qh: mod 8)
+      if (nb >= blocks) continue;
+      starts[n_starts++] = per * nb + (4 * np) % per, rows = 4;
+      if (per == 32) starts[n_starts++] = per * nb + 16 + 4 * np;
+    } else if (p == 2 && b + 1 < blocks) {  // factors of the next block
       if (per == 0 && (32 * (b + 1)) % div) continue;
-      r0 = per ? per * (b + 1) : 32 * (b + 1) / div, rows = per ? per : 1;
+      starts[n_starts++] = per ? per * (b + 1) : 32 * (b + 1) / div, rows = per ? per : 1;
     }
     const int64_t end = blocks * 32 / div;  // the weight's rows
-    for (int64_t r = r0; r < r0 + rows && r < end && a.n < 16; ++r)
-      a.row[a.n] = w.c[i] + r * N * size, a.size[a.n++] = size;
+    for (int t = 0; t < n_starts; ++t)
+      for (int64_t r = starts[t]; r < starts[t] + rows && r < end && a.n < 24; ++r)
+        a.row[a.n] = w.c[i] + r * N * size, a.size[a.n++] = size;
   }
   return a;
 }

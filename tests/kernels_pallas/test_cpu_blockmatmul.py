@@ -128,6 +128,12 @@ def test_matches_gguf_dequantize_float64(kind):
         run_both(_jit_call, kind, m, k, n, seed=m + n)
 
 
+@pytest.mark.parametrize("kind", ["q8_0", "q6_k"])
+def test_long_k_matches_gguf_dequantize_float64(kind):
+    """K past the panels' whole-strip limit (kFullK, 2048): chunks of K at a time."""
+    run_both(_jit_call, kind, 9, 2304, 40, seed=5)
+
+
 @pytest.mark.parametrize("group", [32, 64, 128])
 def test_int4_groups_match_numpy_float64(group):
     """AWQ / GPTQ int4 groups (models/checkpoint_quant.py's repacking) in the block kernel."""
@@ -168,13 +174,30 @@ def test_every_build_path_matches_gguf(flags):
         run_int4(run, group, 7, 256, 37, seed=3)
 
 
-def test_row_results_do_not_depend_on_the_batch():
-    for kind in ("q4_1", "q6_k"):
-        x, _, cols, rows = case(kind, 13, 512, 40, seed=9)
+# blockmatmul.cc's kChunkRows (W [K, N]) and kDotRows (the tied table W [N, K]): up to
+# this many rows of x, the few-row paths
+FEW_ROWS = {False: 8, True: 16}
+
+
+@pytest.mark.parametrize("flags", cpu_build.default_flag_sets(), ids=_flag_id)
+def test_row_results_do_not_depend_on_the_batch(flags):
+    """Every build path, both layouts: a row's bits are the same at every row count
+    within each of the kernel's paths: a few rows (W [K, N], AVX2: the blocks read
+    in place with the scales factored out of the sums; the tied table: dots of
+    widened rows) and more (panels through the register tiles; plain loops without
+    AVX2). Both give gguf's product to the same tolerance."""
+    run = _path_call(build_path(cpu_block.SOURCE, "cpu_blockmatmul", flags), flags, "batch")
+    for kind in ("q8_0", "q4_0", "q4_1", "q6_k"):
+        x, w, cols, rows = case(kind, 22, 512, 40, seed=9)
         for comps, t in ((cols, False), (rows, True)):
-            full = _jit_call(kind, comps, x, t)
-            for r in (1, 2, 7):
-                np.testing.assert_array_equal(_jit_call(kind, comps, x[:r], t), full[:r])
+            n = FEW_ROWS[t]
+            few, full = run(kind, comps, x[:n], t), run(kind, comps, x, t)
+            for r in (1, 2, 5, 7):
+                np.testing.assert_array_equal(run(kind, comps, x[:r], t), few[:r])
+            for r in (n + 1, 19):
+                np.testing.assert_array_equal(run(kind, comps, x[:r], t), full[:r])
+            assert_close(few, x[:n], w)
+            assert_close(full, x, w)
 
 
 def test_bad_arguments_name_what_to_change():
