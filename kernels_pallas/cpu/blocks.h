@@ -72,7 +72,9 @@ inline v16i widen16(const uint8_t* p) {
 inline v16i widen_u8(const uint8_t* p) { return widen16<false>(p); }
 inline v16i widen_s8(const uint8_t* p) { return widen16<true>(p); }
 inline v16f to_f(v16i v) { return __builtin_convertvector(v, v16f); }
-inline v16f splat(float f) { return v16f{} + f; }
+// f in every lane (one broadcast: `v16f{} + f` would also add zero, which GCC must
+// keep, as it turns -0.0 into +0.0).
+inline v16f splat(float f) { return v16f{f, f, f, f, f, f, f, f, f, f, f, f, f, f, f, f}; }
 // p rounded up to 64 bytes (an aligned view into a buffer 16 floats longer).
 inline float* align64(float* p) {
   return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t(63));
