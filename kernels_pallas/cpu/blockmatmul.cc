@@ -270,54 +270,62 @@ void columns_nn(const BlockWork& w, int64_t n0, int64_t n1, float* full) {
 }
 
 #ifdef PAGEDJAX_AVX2
+#ifdef PAGEDJAX_AVX512
+constexpr int kChunkLanes = 16;  // chunk_rows: columns a vector (one register)
+#else
+constexpr int kChunkLanes = 8;
+#endif
+
 // A few rows of x (R <= kChunkRows): the product over blocks [b0, b1) of W [K, N]
 // (one chunk of kKB blocks), every column, into acc[R][N]. The chunk's rows are
 // one run of memory, read once for every row of x, in order in 4 passes a block
 // (pass p: the pairs of elements j, j + 16 for j = 4p..4p+3, one byte row each
-// of a 4-bit kind), each row's sums S (q6_k: S_lo and S_hi) kept in `s_sum`
-// between passes, folded into acc with the block's factors (widened once into
-// `f`, 48 floats a strip) after the last: acc = fma(a, S, acc) (q6_k: fma(a,
-// S_lo, acc), then fma(a2, S_hi, acc)), then acc = fma(c, X, acc), X =
-// block_sum (see the top). Tasks of columns would each read a little of every
-// row instead, N values apart, which costs DRAM most of its bandwidth. Each
-// row's sums are its own, so its bits are the same at every R.
+// of a 4-bit kind), kChunkLanes columns at a time (one register: wider vectors
+// of GCC's kept AVX2's sums on the stack), each row's sums S (q6_k: S_lo and
+// S_hi) kept in `sums` between passes, folded into acc with the block's factors
+// (widened once into `f`, 48 floats a 16-column strip) after the last: acc =
+// fma(a, S, acc) (q6_k: fma(a, S_lo, acc), then fma(a2, S_hi, acc)), then acc =
+// fma(c, X, acc), X = block_sum (see the top). Tasks of columns would each read
+// a little of every row instead, N values apart, which costs DRAM most of its
+// bandwidth. Each row's sums are its own, so its bits are the same at every R.
 template <int Kind, int R>
 void chunk_rows_kind(const BlockWork& w, int64_t b0, int64_t b1, float* acc, float* f) {
-  using pagedjax_blocks::splat;
-  using pagedjax_blocks::v16f;
-  using pagedjax_blocks::v16i;
+  constexpr int L = kChunkLanes;
+  using V = pagedjax_blocks::Lanes<L>;
+  using vf = typename V::f;
+  using vi = typename V::i;
+  using vf_u = typename V::f_u;
+  auto load = [](const float* p) -> vf { return *reinterpret_cast<const vf_u*>(p); };
+  auto store = [](float* p, vf v) { *reinterpret_cast<vf_u*>(p) = v; };
+  auto splat = [](float x) -> vf { return V::splat(x); };
   constexpr bool kOne = pagedjax_blocks::one_scale(Kind);
-  constexpr int kSums = kOne ? 16 : 32;  // floats of sums a row and strip
-  const int64_t N = w.N, K = w.K, strips = N / 16;
-  float* s_sum = f + 48 * strips;  // [strips][R][kSums]
+  const int64_t N = w.N, K = w.K, strips = N / 16, cols = 16 * strips;
+  float* s_lo = f + 48 * strips;  // [R][N]
+  float* s_hi = s_lo + R * N;     // [R][N] (q6_k)
   std::memset(acc, 0, sizeof(float) * R * N);
   for (int64_t b = b0; b < b1; ++b) {
     for (int64_t s = 0; s < strips; ++s) {
-      v16f a, a2, cc;
+      pagedjax_blocks::v16f a, a2, cc;
       pagedjax_blocks::cols_scales(w.w, N, b, 16 * s, &a, &a2, &cc);
-      std::memcpy(f + 48 * s, &a, 64);
-      std::memcpy(f + 48 * s + 16, &a2, 64);
-      std::memcpy(f + 48 * s + 32, &cc, 64);
+      using f16_u = pagedjax_blocks::Lanes<16>::f_u;  // (std::memcpy: 8 bytes at a time, AVX2)
+      f16_u* out = reinterpret_cast<f16_u*>(f + 48 * s);
+      out[0] = a, out[1] = a2, out[2] = cc;
     }
     const float* xb = w.x + 32 * b;  // row r: xb + r * K
     for (int p = 0; p < 4; ++p) {
       const pagedjax_blocks::Ahead ahead = pagedjax_blocks::rows_ahead(w.w, N, b, p, K / 32);
-      for (int64_t s = 0; s < strips; ++s) {
-        if (s % 4 == 0) pagedjax_blocks::prefetch(ahead, 16 * s, 64);
-        float* sums = s_sum + R * kSums * s;
-        v16f lo_sum[R], hi_sum[R];
+      for (int64_t n = 0; n < cols; n += L) {
+        if (n % 64 == 0) pagedjax_blocks::prefetch(ahead, n, 64);
+        vf lo_sum[R], hi_sum[R];
         for (int r = 0; r < R; ++r) {
-          lo_sum[r] = hi_sum[r] = v16f{};
-          if (p > 0) {
-            std::memcpy(&lo_sum[r], sums + kSums * r, 64);
-            if (!kOne) std::memcpy(&hi_sum[r], sums + kSums * r + 16, 64);
-          }
+          lo_sum[r] = p > 0 ? load(s_lo + r * N + n) : vf{};
+          hi_sum[r] = !kOne && p > 0 ? load(s_hi + r * N + n) : vf{};
         }
         for (int i = 0; i < 4; ++i) {
           const int j = 4 * p + i;
-          v16i lo_q, hi_q;
-          pagedjax_blocks::cols_code_pair<Kind>(w.w, N, b, j, 16 * s, &lo_q, &hi_q);
-          const v16f lo = pagedjax_blocks::to_f(lo_q), hi = pagedjax_blocks::to_f(hi_q);
+          vi lo_q, hi_q;
+          pagedjax_blocks::cols_code_pair<Kind, L>(w.w, N, b, j, n, &lo_q, &hi_q);
+          const vf lo = __builtin_convertvector(lo_q, vf), hi = __builtin_convertvector(hi_q, vf);
           for (int r = 0; r < R; ++r) {
             lo_sum[r] = splat(xb[r * K + j]) * lo + lo_sum[r];
             if (kOne)
@@ -328,33 +336,30 @@ void chunk_rows_kind(const BlockWork& w, int64_t b0, int64_t b1, float* acc, flo
         }
         if (p < 3) {
           for (int r = 0; r < R; ++r) {
-            std::memcpy(sums + kSums * r, &lo_sum[r], 64);
-            if (!kOne) std::memcpy(sums + kSums * r + 16, &hi_sum[r], 64);
+            store(s_lo + r * N + n, lo_sum[r]);
+            if (!kOne) store(s_hi + r * N + n, hi_sum[r]);
           }
           continue;
         }
-        v16f a, a2, cc;  // the fold
-        std::memcpy(&a, f + 48 * s, 64);
-        std::memcpy(&a2, f + 48 * s + 16, 64);
-        std::memcpy(&cc, f + 48 * s + 32, 64);
+        const float* fs = f + 48 * (n / 16) + n % 16;  // the fold
+        const vf a = load(fs), a2 = load(fs + 16), cc = load(fs + 32);
         for (int r = 0; r < R; ++r) {
-          v16f c;
-          std::memcpy(&c, acc + r * N + 16 * s, 64);
+          vf c = load(acc + r * N + n);
           c = a * lo_sum[r] + c;
           if (!kOne) c = a2 * hi_sum[r] + c;
           c = cc * splat(w.xs[r * (K / 32) + b]) + c;
-          std::memcpy(acc + r * N + 16 * s, &c, 64);
+          store(acc + r * N + n, c);
         }
       }
     }
-    if (16 * strips < N) {  // the last columns (N % 16), one value at a time
+    if (cols < N) {  // the last columns (N % 16), one value at a time
       alignas(64) float panel[32 * 16];
-      pagedjax_blocks::decode_cols_tail(w.w, N, b, 16 * strips, N - 16 * strips, panel);
+      pagedjax_blocks::decode_cols_tail(w.w, N, b, cols, N - cols, panel);
       for (int r = 0; r < R; ++r)
-        for (int64_t j = 0; j < N - 16 * strips; ++j) {
-          float sum = acc[r * N + 16 * strips + j];
+        for (int64_t j = 0; j < N - cols; ++j) {
+          float sum = acc[r * N + cols + j];
           for (int e = 0; e < 32; ++e) sum = std::fma(xb[r * K + e], panel[e * 16 + j], sum);
-          acc[r * N + 16 * strips + j] = sum;
+          acc[r * N + cols + j] = sum;
         }
     }
   }
@@ -452,7 +457,7 @@ void BlockWork::run() {
       block_nt(*this, t * rows_per_task, std::min(N, (t + 1) * rows_per_task), buf.data());
     } else {  // a few rows: chunk t of kKB blocks
 #ifdef PAGEDJAX_AVX2
-      if (buf.empty()) buf.resize((3 + 2 * M) * (N + 15));
+      if (buf.empty()) buf.resize((3 + 2 * M) * (N + 16));
       chunk_rows(*this, t * kKB, std::min(K / 32, (t + 1) * kKB), partials.data() + t * M * N,
                  buf.data());
 #endif

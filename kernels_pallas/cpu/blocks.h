@@ -71,6 +71,47 @@ inline v16i widen16(const uint8_t* p) {
 }
 inline v16i widen_u8(const uint8_t* p) { return widen16<false>(p); }
 inline v16i widen_s8(const uint8_t* p) { return widen16<true>(p); }
+
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+// 8 bytes at p widened to 8 int32 lanes (one instruction with AVX2).
+template <bool Signed>
+inline v8i widen8(const uint8_t* p) {
+  v8i out;
+#if defined(PAGEDJAX_AVX2)
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  const __m256i v = Signed ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b);
+  std::memcpy(&out, &v, 32);
+#else
+  for (int i = 0; i < 8; ++i) out[i] = Signed ? int32_t(int8_t(p[i])) : int32_t(p[i]);
+#endif
+  return out;
+}
+
+// L-lane vectors (L = 16: AVX-512's registers, or two AVX2 ones; L = 8: one AVX2
+// register), their unaligned memory views, L bytes widened and one float in every
+// lane (one broadcast).
+template <int L>
+struct Lanes;
+template <>
+struct Lanes<16> {
+  typedef v16f f;
+  typedef v16i i;
+  typedef float f_u __attribute__((vector_size(64), aligned(4), may_alias));
+  template <bool Signed>
+  static i widen(const uint8_t* p) { return widen16<Signed>(p); }
+  static f splat(float x) { return f{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+};
+template <>
+struct Lanes<8> {
+  typedef v8f f;
+  typedef v8i i;
+  typedef float f_u __attribute__((vector_size(32), aligned(4), may_alias));
+  template <bool Signed>
+  static i widen(const uint8_t* p) { return widen8<Signed>(p); }
+  static f splat(float x) { return f{x, x, x, x, x, x, x, x}; }
+};
 inline v16f to_f(v16i v) { return __builtin_convertvector(v, v16f); }
 // f in every lane (one broadcast: `v16f{} + f` would also add zero, which GCC must
 // keep, as it turns -0.0 into +0.0).
@@ -154,24 +195,25 @@ inline void cols_scales(const Comps& w, int64_t N, int64_t b, int64_t n, v16f* a
 }
 
 // Cols layout: the integer codes q of elements j and j + 16 (j < 16) of block b,
-// columns n..n+15 (the table at the top; a 4-bit kind's byte row j holds both, as
+// columns n..n+L-1 (the table at the top; a 4-bit kind's byte row j holds both, as
 // its low and high nibbles), for a block kind known at compile time.
-template <int Kind>
-inline void cols_code_pair(const Comps& w, int64_t N, int64_t b, int j, int64_t n, v16i* lo,
-                           v16i* hi) {
+template <int Kind, int L = 16>
+inline void cols_code_pair(const Comps& w, int64_t N, int64_t b, int j, int64_t n,
+                           typename Lanes<L>::i* lo, typename Lanes<L>::i* hi) {
+  using V = Lanes<L>;
   if (Kind == kQ8_0) {
-    *lo = widen_s8(w.c[0] + (32 * b + j) * N + n);
-    *hi = widen_s8(w.c[0] + (32 * b + 16 + j) * N + n);
+    *lo = V::template widen<true>(w.c[0] + (32 * b + j) * N + n);
+    *hi = V::template widen<true>(w.c[0] + (32 * b + 16 + j) * N + n);
     return;
   }
-  const v16i bytes = widen_u8(w.c[0] + (16 * b + j) * N + n);
-  v16i l = bytes & 15, h = bytes >> 4;
+  const typename V::i bytes = V::template widen<false>(w.c[0] + (16 * b + j) * N + n);
+  typename V::i l = bytes & 15, h = bytes >> 4;
   if (Kind == kQ4_0) {
     l -= 8;
     h -= 8;
   }
   if (Kind == kQ6_K) {
-    const v16i qh = widen_u8(w.c[1] + (8 * b + j % 8) * N + n);
+    const typename V::i qh = V::template widen<false>(w.c[1] + (8 * b + j % 8) * N + n);
     const int s = 2 * (j / 8);
     l = (l | (((qh >> s) & 3) << 4)) - 32;
     h = (h | (((qh >> (s + 4)) & 3) << 4)) - 32;
