@@ -11,7 +11,9 @@ model's path without the kernel), cases alternating order between rounds.
 ``--blocks``: the same 30 layers as GGUF Q4_1 blocks and the tied logits as Q8_0
 through the C++ block kernel (kernels_pallas/cpu/blockmatmul.cc) against the same
 weights dequantized to float32 on XLA's matmul and the C++ float matmul, layers
-and logits timed apart, 1 to 2048 rows, cases alternating order between rounds. Each
+and logits timed apart, 1 to 2048 rows, cases alternating order between rounds
+(``--block-builds native,avx2``: also the kernel's AVX2 + FMA build, as a CPU without
+AVX-512 runs it). Each
 figure is the minimum of ``--reps`` runs of a jitted call. Prints a table, writes JSON.
 """
 
@@ -268,10 +270,17 @@ def _random_blocks(rng, kind, shape, transposed):
     return {name: jnp.asarray(v) for name, v in out.items()}
 
 
-def block_matmuls(reps, rows, rounds=3):
+# --block-builds: the block kernel's build paths (blockmatmul.build_target's flags; native:
+# the build the models use)
+BLOCK_BUILDS = {"native": None, "avx2": ["-O3", "-mavx2", "-mfma"], "portable": ["-O3"]}
+
+
+def block_matmuls(reps, rows, rounds=3, builds=("native",)):
     """Best ms of a 30-layer decode step's matmuls (Q4_1) and of the tied logits (Q8_0):
-    the C++ block kernel on the blocks, and the same weights dequantized to float32 on
-    XLA's matmul and on the C++ float matmul, at each row count; cases alternate order."""
+    the C++ block kernel on the blocks (each of ``builds``: "blocks C++" the models'
+    build, "blocks avx2" / "blocks portable" that build path's), and the same weights
+    dequantized to float32 on XLA's matmul and on the C++ float matmul, at each row
+    count; cases alternate order."""
     rng = np.random.default_rng(0)
     h, inter, vocab, qkv, layers = 576, 1536, 49152, 960, 30
     shapes = ((h, qkv), (h, h), (h, 2 * inter), (inter, h))
@@ -286,17 +295,24 @@ def block_matmuls(reps, rows, rounds=3):
     def logits_only(mm_t):
         return jax.jit(lambda x, e: mm_t(x, e))
 
-    fns = {
-        ("layers", "blocks C++"): (layers_only(lambda x, c: cpu_blockmatmul.blockmatmul(
-            "q4_1", c, x)), blocks),
-        ("layers", "float32 XLA"): (layers_only(lambda x, w: x @ w), f32),
-        ("layers", "float32 C++"): (layers_only(cpu_native.matmul), f32),
-        ("logits", "blocks C++"): (logits_only(lambda x, c: cpu_blockmatmul.blockmatmul(
-            "q8_0", c, x, transposed=True)), table),
-        ("logits", "float32 XLA"): (logits_only(lambda x, e: x @ e.T), emb),
-        ("logits", "float32 C++"): (logits_only(lambda x, e: cpu_native.matmul(
-            x, e, transposed=True)), emb),
-    }
+    fns = {}
+    for part in ("layers", "logits"):
+        for b in builds:
+            t = None if BLOCK_BUILDS[b] is None else cpu_blockmatmul.build_target(BLOCK_BUILDS[b])
+            name = "blocks C++" if b == "native" else f"blocks {b}"
+            if part == "layers":
+                fns[part, name] = (layers_only(lambda x, c, t=t: cpu_blockmatmul.blockmatmul(
+                    "q4_1", c, x, target=t)), blocks)
+            else:
+                fns[part, name] = (logits_only(lambda x, c, t=t: cpu_blockmatmul.blockmatmul(
+                    "q8_0", c, x, transposed=True, target=t)), table)
+        if part == "layers":
+            fns[part, "float32 XLA"] = (layers_only(lambda x, w: x @ w), f32)
+            fns[part, "float32 C++"] = (layers_only(cpu_native.matmul), f32)
+        else:
+            fns[part, "float32 XLA"] = (logits_only(lambda x, e: x @ e.T), emb)
+            fns[part, "float32 C++"] = (logits_only(lambda x, e: cpu_native.matmul(
+                x, e, transposed=True)), emb)
     xs = {m: jnp.asarray(rng.standard_normal((m, h), np.float32)) for m in rows}
     best, ref = {}, {}
     for m in rows:
@@ -322,9 +338,9 @@ def block_matmuls(reps, rows, rounds=3):
 
 
 def _print_blocks(rows):
-    print(f"{'rows':>6}{'part':>8}{'path':>14}{'ms':>9}{'XLA f32 / this':>16}{'rel err':>10}")
+    print(f"{'rows':>6}{'part':>8}{'path':>16}{'ms':>9}{'XLA f32 / this':>16}{'rel err':>10}")
     for r in rows:
-        print(f"{r['rows']:>6}{r['part']:>8}{r['path']:>14}{r['ms']:>9.2f}"
+        print(f"{r['rows']:>6}{r['part']:>8}{r['path']:>16}{r['ms']:>9.2f}"
               f"{r['vs_float32_xla']:>15.2f}x{r['rel_err_vs_xla']:>10.1e}")
 
 
@@ -355,6 +371,9 @@ def main(argv=None) -> int:
     p.add_argument("--blocks", action="store_true",
                    help="only the matmuls with GGUF blocks (C++ block kernel) beside float32 "
                         "(rows default 1,16,64,256,2048)")
+    p.add_argument("--block-builds", default="native",
+                   help="--blocks: the block kernel's build paths to time, of "
+                        f"{','.join(BLOCK_BUILDS)} (native: the models' build)")
     p.add_argument("--int8-model", action="store_true",
                    help="only SmolLM2-135M int8 decode steps, int8 matmuls in C++ vs XLA")
     ns = p.parse_args(argv)
@@ -374,7 +393,11 @@ def main(argv=None) -> int:
     if ns.blocks:
         if not cpu_blockmatmul.available():
             raise SystemExit(f"cpu_blockmatmul: {cpu_blockmatmul.unavailable_reason()}")
-        rows = block_matmuls(ns.reps, [int(x) for x in (ns.rows or "1,16,64,256,2048").split(",")])
+        builds = ns.block_builds.split(",")
+        if not set(builds) <= set(BLOCK_BUILDS):
+            raise SystemExit(f"--block-builds: {ns.block_builds!r}: each one of {list(BLOCK_BUILDS)}")
+        rows = block_matmuls(ns.reps, [int(x) for x in (ns.rows or "1,16,64,256,2048").split(",")],
+                             builds=builds)
         _print_blocks(rows)
         write_json({"benchmark": "cpu_kernels_block_matmuls", "jax": jax.__version__,
                     "loadavg": os.getloadavg(), "block_matmuls": rows}, ns.json or BLOCKS_JSON)

@@ -119,18 +119,43 @@ def _check(kind: str, comps: dict, x: jax.Array, transposed: bool) -> tuple[int,
     return k, n
 
 
-def blockmatmul(kind: str, comps: dict, x: jax.Array, *, transposed: bool = False) -> jax.Array:
+def build_target(flags: list[str]) -> str:
+    """The kernel built with exactly these compiler flags (one of
+    ``build.default_flag_sets()``: this CPU's set, AVX2 + FMA, portable; cached and
+    self-tested like the default build), registered with XLA under a target of its
+    own: for ``blockmatmul(..., target=)`` (tests and benchmarks of each build path).
+    Raises RuntimeError when that build cannot run on this machine."""
+    import ctypes
+
+    from pagedjax.kernels_pallas.cpu import build as cpu_build
+
+    target = f"{TARGET}_{'_'.join(f.strip('-').replace('=', '_') for f in flags)}"
+    if target not in _PATH_TARGETS:
+        so = cpu_build.build(source=SOURCE, name="cpu_blockmatmul", flag_sets=[flags])
+        lib = ctypes.CDLL(str(so))
+        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(lib.PagedjaxBlockMatmul),
+                                    platform="cpu")
+        _PATH_TARGETS[target] = lib
+    return target
+
+
+_PATH_TARGETS: dict[str, object] = {}
+
+
+def blockmatmul(kind: str, comps: dict, x: jax.Array, *, transposed: bool = False,
+                target: str | None = None) -> jax.Array:
     """``x [M, K] @ W [K, N]`` (``transposed``: ``x @ W[N, K].T``) -> f32 [M, N], W given
     by its models/quant.py components. x must be float32; shapes or dtypes that do not
-    fit raise ValueError, and RuntimeError says why when the kernel is not built."""
+    fit raise ValueError, and RuntimeError says why when the kernel is not built.
+    ``target``: another build's (:func:`build_target`)."""
     k, n = _check(kind, comps, x, transposed)
-    if not available():
+    if target is None and not available():
         raise RuntimeError(f"the C++ block matmul is unavailable: {unavailable_reason()}")
     base, group = split_kind(kind)
     code, names, _ = KINDS[base]
     args = [comps[c] for c in names]
     args += [jnp.zeros((1,), jnp.uint8)] * (5 - len(args))
-    call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32),
+    call = jax.ffi.ffi_call(target or TARGET, jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32),
                             vmap_method="sequential")
     return call(x, *args, kind=np.int32(code), transposed=np.int32(transposed),
                 n_out=np.int64(n), group=np.int64(group))

@@ -42,7 +42,7 @@ GGUF = {
 }
 KINDS = tuple(GGUF)
 
-bmm = jax.jit(cpu_block.blockmatmul, static_argnames=("kind", "transposed"))
+bmm = jax.jit(cpu_block.blockmatmul, static_argnames=("kind", "transposed", "target"))
 
 
 def gguf_rows(kind: str, rows: int, k: int, seed: int) -> np.ndarray:
@@ -142,21 +142,17 @@ def test_int4_groups_match_numpy_float64(group):
             run_int4(_jit_call, group, m, k, n, seed=m + n)
 
 
-def _path_call(lib, flags, tag):
-    target = f"pagedjax_blockmatmul_{tag}_{abs(hash(tuple(flags)))}"
-    jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(lib.PagedjaxBlockMatmul),
-                                platform="cpu")
+def _path_call(flags):
+    """x @ W through the kernel built with exactly ``flags`` (blockmatmul.build_target),
+    or skip naming why that build cannot run here."""
+    try:
+        target = cpu_block.build_target(flags)
+    except RuntimeError as e:
+        pytest.skip(f"path {_flag_id(flags)!r} cannot run on this machine: {str(e)[-300:]}")
 
     def run(kind, comps, x, transposed):
-        base, group = cpu_block.split_kind(kind)
-        code, names, _ = cpu_block.KINDS[base]
-        args = [jnp.asarray(comps[c]) for c in names]
-        args += [jnp.zeros((1,), jnp.uint8)] * (5 - len(args))
-        n = args[0].shape[0] if transposed else args[0].shape[1]
-        call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32))
-        return np.asarray(call(jnp.asarray(x), *args, kind=np.int32(code),
-                               transposed=np.int32(transposed), n_out=np.int64(n),
-                               group=np.int64(group)))
+        comps = {c: jnp.asarray(v) for c, v in comps.items()}
+        return np.asarray(bmm(kind, comps, jnp.asarray(x), transposed=transposed, target=target))
     return run
 
 
@@ -164,9 +160,8 @@ def _path_call(lib, flags, tag):
 def test_every_build_path_matches_gguf(flags):
     """Each instruction-set path passes its self-test (in a child process when the
     builder built it, and here) and matches gguf's dequantization in float64."""
-    lib = build_path(cpu_block.SOURCE, "cpu_blockmatmul", flags)
-    assert lib.PagedjaxSelfTest() == 0
-    run = _path_call(lib, flags, "path")
+    assert build_path(cpu_block.SOURCE, "cpu_blockmatmul", flags).PagedjaxSelfTest() == 0
+    run = _path_call(flags)
     for kind in KINDS:
         block = GGUF[kind][2]
         run_both(run, kind, 7, 2 * block, 37, seed=3)
@@ -186,7 +181,7 @@ def test_row_results_do_not_depend_on_the_batch(flags):
     in place with the scales factored out of the sums; the tied table: dots of
     widened rows) and more (panels through the register tiles; plain loops without
     AVX2). Both give gguf's product to the same tolerance."""
-    run = _path_call(build_path(cpu_block.SOURCE, "cpu_blockmatmul", flags), flags, "batch")
+    run = _path_call(flags)
     for kind in ("q8_0", "q4_0", "q4_1", "q6_k"):
         x, w, cols, rows = case(kind, 22, 512, 40, seed=9)
         for comps, t in ((cols, False), (rows, True)):
