@@ -117,7 +117,8 @@ def test_snapshots_match_the_engines_counts(served):
     reader.start()
     while not events:
         time.sleep(0.05)
-    outs = asyncio.run(_run_requests(llm, 16))  # long enough for several snapshots when warm
+    # 48 requests, two at a time: ~700 steps, several 0.1 s snapshots even on a fast machine
+    outs = asyncio.run(_run_requests(llm, 48))
     assert all(o[-1].finished for o in outs)
     deadline = time.time() + 30
     while not (events[-1].get("snapshot", {}).get("idle") or time.time() > deadline):
@@ -128,7 +129,7 @@ def test_snapshots_match_the_engines_counts(served):
     snaps = [e["snapshot"] for e in events if "snapshot" in e]
     busy = [s for s in snaps if s["counts"]["running"]]
     assert len(busy) >= 3, "the stream showed too little of the run"
-    assert any(s["counts"]["waiting"] for s in busy), "max_num_seqs=2 with 6 requests: some wait"
+    assert any(s["counts"]["waiting"] for s in busy), "max_num_seqs=2 with 48 requests: some wait"
     for s in snaps:
         c = s["counts"]
         seen = rec.by_step.get(c["steps"])
