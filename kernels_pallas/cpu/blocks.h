@@ -49,33 +49,11 @@ struct Comps {
   int64_t group = 0;  // int4: rows per (s, z) group, a multiple of 32
 };
 
-// 16 bytes at p widened to 16 int32 lanes (zero- or sign-extended): one
-// instruction with AVX-512, two with AVX2 (GCC would widen lane by lane).
-template <bool Signed>
-inline v16i widen16(const uint8_t* p) {
-  v16i out;
-#if defined(PAGEDJAX_AVX512)
-  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m512i v = Signed ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b);
-  std::memcpy(&out, &v, 64);
-#elif defined(PAGEDJAX_AVX2)
-  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m128i b8 = _mm_srli_si128(b, 8);
-  const __m256i v[2] = {Signed ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b),
-                        Signed ? _mm256_cvtepi8_epi32(b8) : _mm256_cvtepu8_epi32(b8)};
-  std::memcpy(&out, v, 64);
-#else
-  for (int i = 0; i < 16; ++i) out[i] = Signed ? int32_t(int8_t(p[i])) : int32_t(p[i]);
-#endif
-  return out;
-}
-inline v16i widen_u8(const uint8_t* p) { return widen16<false>(p); }
-inline v16i widen_s8(const uint8_t* p) { return widen16<true>(p); }
-
 typedef float v8f __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
 
-// 8 bytes at p widened to 8 int32 lanes (one instruction with AVX2).
+// 8 bytes at p widened to 8 int32 lanes (zero- or sign-extended): one instruction
+// with AVX2 (GCC would widen lane by lane).
 template <bool Signed>
 inline v8i widen8(const uint8_t* p) {
   v8i out;
@@ -88,6 +66,24 @@ inline v8i widen8(const uint8_t* p) {
 #endif
   return out;
 }
+
+// 16 bytes at p widened to 16 int32 lanes: one instruction with AVX-512, else two
+// halves.
+template <bool Signed>
+inline v16i widen16(const uint8_t* p) {
+  v16i out;
+#if defined(PAGEDJAX_AVX512)
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m512i v = Signed ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b);
+  std::memcpy(&out, &v, 64);
+#else
+  const v8i half[2] = {widen8<Signed>(p), widen8<Signed>(p + 8)};
+  std::memcpy(&out, half, 64);
+#endif
+  return out;
+}
+inline v16i widen_u8(const uint8_t* p) { return widen16<false>(p); }
+inline v16i widen_s8(const uint8_t* p) { return widen16<true>(p); }
 
 // L-lane vectors (L = 16: AVX-512's registers, or two AVX2 ones; L = 8: one AVX2
 // register), their unaligned memory views, L bytes widened and one float in every
