@@ -80,10 +80,9 @@ constexpr int64_t kNB = 64;  // W rows per task (W [N, K])
 constexpr int64_t kNBFew = 256;  // W [N, K], at most kFewRows rows of x: longer runs of memory
 constexpr int64_t kFewRows = 4;
 constexpr int64_t kNC = 64;  // W columns per task (W [K, N])
-constexpr int kChunkRows = 8;
+constexpr int kChunkRows = 8;  // W [K, N]: rows of x up to which chunk_rows reads W in place
 constexpr int kDotRows = 16;  // W [N, K]: rows of x up to which block_nt dots widened rows
-constexpr int64_t kFullK = 2048;  // panels: K up to which a task's strips are widened whole (L2)
-constexpr int64_t kRowBlock = 24;  // panels of whole strips: rows of x at a time (L2)  // W [K, N]: rows of x up to which chunk_rows reads W in place
+constexpr int64_t kFullK = 2048;  // panels: K up to which a strip is widened whole (L2)
 
 struct BlockWork : pagedjax_parallel::Tasks {
   const float* x;
@@ -188,7 +187,8 @@ inline void decode_panel(const BlockWork& w, int64_t b, int64_t n, float* out) {
     pagedjax_blocks::decode_cols(w.w, w.N, b, n, out);
   } else {
     alignas(64) float rows[16 * 32];
-    for (int j = 0; j < 16; ++j) pagedjax_blocks::decode_row_block(w.w, w.K, n + j, b, rows + 32 * j);
+    for (int j = 0; j < 16; ++j)
+      pagedjax_blocks::decode_row_block(w.w, w.K, n + j, b, rows + 32 * j);
 #ifdef PAGEDJAX_AVX512
     transpose16(rows, 32, out, 16);
     transpose16(rows + 16, 32, out + 16 * 16, 16);
@@ -209,17 +209,18 @@ inline void decode_panel_tail(const BlockWork& w, int64_t b, int64_t n, int64_t 
   } else {
     for (int e = 0; e < 32; ++e)
       for (int i = 0; i < 16; ++i)
-        out[e * 16 + i] = i < cols ? pagedjax_blocks::value_rows(w.w, w.K, n + i, 32 * b + e) : 0.0f;
+        out[e * 16 + i] =
+            i < cols ? pagedjax_blocks::value_rows(w.w, w.K, n + i, 32 * b + e) : 0.0f;
   }
 }
 
 // Columns [n0, n1) of y = x @ W [K, N] (T: of y = x @ W [N, K]^T, W's rows n0..n1).
-// AVX-512 and K <= kFullK: the task's strips widened over all of K into `full`
-// (kNC * K floats, in L2), then run kStrips at a time through kRowBlock rows of x
-// at a time, so y is written once. Else, and for the last strips: K kKB blocks
-// at a time (the packed x's slice stays in cache for every strip), 16 columns at
-// a time. The same sums either way (each chunk of kPanelK values of k from zero,
-// the chunks added in order).
+// AVX-512 and K <= kFullK: kStrips strips at a time widened over all of K into
+// `full` (kStrips * K * 16 floats, in L2), then run through every row of x, so y
+// is written once. Else, and for the last strips: K kKB blocks at a time (the
+// packed x's slice stays in cache for every strip), 16 columns at a time. The
+// same sums either way (each chunk of kPanelK values of k from zero, the chunks
+// added in order).
 template <bool T>
 void columns_nn(const BlockWork& w, int64_t n0, int64_t n1, float* full) {
   const int64_t N = w.N, K = w.K;
@@ -270,27 +271,21 @@ void columns_nn(const BlockWork& w, int64_t n0, int64_t n1, float* full) {
 }
 
 #ifdef PAGEDJAX_AVX2
-#ifdef PAGEDJAX_AVX512
-constexpr int kChunkLanes = 16;  // chunk_rows: columns a vector (one register)
-#else
-constexpr int kChunkLanes = 8;
-#endif
-
 // A few rows of x (R <= kChunkRows): the product over blocks [b0, b1) of W [K, N]
 // (one chunk of kKB blocks), every column, into acc[R][N]. The chunk's rows are
 // one run of memory, read once for every row of x, in order in 4 passes a block
 // (pass p: the pairs of elements j, j + 16 for j = 4p..4p+3, one byte row each
-// of a 4-bit kind), kChunkLanes columns at a time (one register: wider vectors
-// of GCC's kept AVX2's sums on the stack), each row's sums S (q6_k: S_lo and
-// S_hi) kept in `sums` between passes, folded into acc with the block's factors
-// (widened once into `f`, 48 floats a 16-column strip) after the last: acc =
-// fma(a, S, acc) (q6_k: fma(a, S_lo, acc), then fma(a2, S_hi, acc)), then acc =
-// fma(c, X, acc), X = block_sum (see the top). Tasks of columns would each read
-// a little of every row instead, N values apart, which costs DRAM most of its
-// bandwidth. Each row's sums are its own, so its bits are the same at every R.
+// of a 4-bit kind), kLanes columns at a time (blocks.h: one register), each
+// row's sums S (q6_k: S_lo and S_hi) kept in `sums` between passes, folded into
+// acc with the block's factors (widened once into `f`, 48 floats a 16-column
+// strip) after the last: acc = fma(a, S, acc) (q6_k: fma(a, S_lo, acc), then
+// fma(a2, S_hi, acc)), then acc = fma(c, X, acc), X = block_sum (see the top).
+// Tasks of columns would each read a little of every row instead, N values
+// apart, which costs DRAM most of its bandwidth. Each row's sums are its own, so
+// its bits are the same at every R.
 template <int Kind, int R>
 void chunk_rows_kind(const BlockWork& w, int64_t b0, int64_t b1, float* acc, float* f) {
-  constexpr int L = kChunkLanes;
+  constexpr int L = pagedjax_blocks::kLanes;
   using V = pagedjax_blocks::Lanes<L>;
   using vf = typename V::f;
   using vi = typename V::i;
@@ -445,7 +440,7 @@ void BlockWork::run() {
   for (int64_t t; (t = claim()) >= 0; finish()) {
     if (panels) {
 #ifdef PAGEDJAX_AVX512
-      if (buf.empty() && K <= kFullK) buf.resize(kNC * K + 16);
+      if (buf.empty() && K <= kFullK) buf.resize(kStrips * K * 16 + 16);
 #endif
       float* full = buf.empty() ? nullptr : pagedjax_blocks::align64(buf.data());
       if (transposed)

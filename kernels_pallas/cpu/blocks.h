@@ -235,36 +235,46 @@ inline void with_kind(int kind, F f) {
 // 32 products in one chain.
 constexpr bool one_scale(int kind) { return kind != kQ6_K; }
 
+// Columns a vector of the Cols layout's kernels holds: one register (16 with
+// AVX-512, 8 with AVX2: GCC keeps wider vectors of its own on the stack there).
+#ifdef PAGEDJAX_AVX512
+constexpr int kLanes = 16;
+#else
+constexpr int kLanes = 8;
+#endif
+
 // Cols layout: rows 32b..32b+31 of columns n..n+15 of a weight [K, N] -> out[32][16]
-// floats (row-major, 16 per row).
-inline void decode_cols(const Comps& w, int64_t N, int64_t b, int64_t n, float* out) {
-  const uint8_t* const c[5] = {w.c[0], w.c[1], w.c[2], w.c[3], w.c[4]};
-  v16f a, a2, cc;
-  cols_scales(w, N, b, n, &a, &a2, &cc);
-  if (w.kind == kQ8_0) {
-    for (int e = 0; e < 32; ++e) {
-      const v16f v = a * s8x16(c[0] + (32 * b + e) * N + n);
-      std::memcpy(out + e * 16, &v, 64);
-    }
-    return;
+// floats (row-major, 16 per row), kLanes columns at a time.
+template <int Kind>
+inline void decode_cols_kind(const Comps& w, int64_t N, int64_t b, int64_t n, float* out) {
+  using V = Lanes<kLanes>;
+  using vf = typename V::f;
+  alignas(64) float fac[48];  // a | a2 | c of the 16 columns
+  {
+    v16f a, a2, cc;
+    cols_scales(w, N, b, n, &a, &a2, &cc);
+    auto* f = reinterpret_cast<Lanes<16>::f_u*>(fac);
+    f[0] = a, f[1] = a2, f[2] = cc;
   }
-  for (int j = 0; j < 16; ++j) {
-    const v16i bytes = widen_u8(c[0] + (16 * b + j) * N + n);
-    v16i lo = bytes & 15, hi = bytes >> 4;
-    if (w.kind == kQ4_0) {
-      lo -= 8;
-      hi -= 8;
-    } else if (w.kind == kQ6_K) {
-      const v16i h = widen_u8(c[1] + (8 * b + j % 8) * N + n);
-      const int s = 2 * (j / 8);
-      lo = (lo | (((h >> s) & 3) << 4)) - 32;
-      hi = (hi | (((h >> (s + 4)) & 3) << 4)) - 32;
+  auto load = [](const float* p) -> vf { return *reinterpret_cast<const typename V::f_u*>(p); };
+  auto store = [](float* p, vf v) { *reinterpret_cast<typename V::f_u*>(p) = v; };
+  for (int h = 0; h < 16; h += kLanes) {
+    const vf a = load(fac + h), a2 = load(fac + 16 + h), cc = load(fac + 32 + h);
+    for (int j = 0; j < 16; ++j) {
+      typename V::i lo, hi;
+      cols_code_pair<Kind, kLanes>(w, N, b, j, n + h, &lo, &hi);
+      const vf flo = __builtin_convertvector(lo, vf), fhi = __builtin_convertvector(hi, vf);
+      store(out + j * 16 + h, Kind == kQ8_0 ? a * flo : a * flo + cc);
+      store(out + (j + 16) * 16 + h, Kind == kQ8_0 ? a2 * fhi : a2 * fhi + cc);
     }
-    const v16f vlo = a * to_f(lo) + cc, vhi = a2 * to_f(hi) + cc;
-    std::memcpy(out + j * 16, &vlo, 64);
-    std::memcpy(out + (j + 16) * 16, &vhi, 64);
   }
 }
+
+inline void decode_cols(const Comps& w, int64_t N, int64_t b, int64_t n, float* out) {
+  with_kind(w.kind, [&](auto kind) { decode_cols_kind<decltype(kind)::value>(w, N, b, n, out); });
+}
+
+
 
 // Rows layout: elements 32b..32b+31 of row n of a weight [N, K] (the quantized
 // axis last; K values a row) -> out[0:32].
