@@ -92,7 +92,7 @@ struct BlockWork : pagedjax_parallel::Tasks {
   bool transposed;
   std::vector<float> partials;  // a few rows of x, W [K, N]: each chunk's sums [tasks][M][N]
   int64_t rows_per_task = kNB;  // W [N, K]
-  std::vector<float> xp;  // W [K, N]: x packed [(M + 5) / 6][K][6] (rows past M: zero)
+  std::vector<float> xp;  // panels: x packed [(M + 5) / 6][K][6] (rows past M: zero)
   std::vector<float> xs;  // a few rows of x, W [K, N]: their 32-blocks' sums [M][K / 32]
   void run();
 };
@@ -123,8 +123,8 @@ void panel_product(const BlockWork& w, const float* panel, int64_t k0, int64_t k
   }
 }
 
-// X of a 32-block of x, in one fixed order of pairwise sums (every path the
-// same; vectorizes): lane i of 16 = x[i] + x[i + 16], then halves added, 16 -> 1.
+// X of a 32-block of x (chunk_rows' c * X), in one fixed order of pairwise sums
+// (it vectorizes): lane i of 16 = x[i] + x[i + 16], then halves added, 16 -> 1.
 inline float block_sum(const float* x) {
   float t[16];
   for (int i = 0; i < 16; ++i) t[i] = x[i] + x[i + 16];
@@ -289,23 +289,14 @@ void chunk_rows_kind(const BlockWork& w, int64_t b0, int64_t b1, float* acc, flo
   using V = pagedjax_blocks::Lanes<L>;
   using vf = typename V::f;
   using vi = typename V::i;
-  using vf_u = typename V::f_u;
-  auto load = [](const float* p) -> vf { return *reinterpret_cast<const vf_u*>(p); };
-  auto store = [](float* p, vf v) { *reinterpret_cast<vf_u*>(p) = v; };
-  auto splat = [](float x) -> vf { return V::splat(x); };
   constexpr bool kOne = pagedjax_blocks::one_scale(Kind);
   const int64_t N = w.N, K = w.K, strips = N / 16, cols = 16 * strips;
   float* s_lo = f + 48 * strips;  // [R][N]
   float* s_hi = s_lo + R * N;     // [R][N] (q6_k)
   std::memset(acc, 0, sizeof(float) * R * N);
   for (int64_t b = b0; b < b1; ++b) {
-    for (int64_t s = 0; s < strips; ++s) {
-      pagedjax_blocks::v16f a, a2, cc;
-      pagedjax_blocks::cols_scales(w.w, N, b, 16 * s, &a, &a2, &cc);
-      using f16_u = pagedjax_blocks::Lanes<16>::f_u;  // (std::memcpy: 8 bytes at a time, AVX2)
-      f16_u* out = reinterpret_cast<f16_u*>(f + 48 * s);
-      out[0] = a, out[1] = a2, out[2] = cc;
-    }
+    for (int64_t s = 0; s < strips; ++s)
+      pagedjax_blocks::cols_factors(w.w, N, b, 16 * s, f + 48 * s);
     const float* xb = w.x + 32 * b;  // row r: xb + r * K
     for (int p = 0; p < 4; ++p) {
       const pagedjax_blocks::Ahead ahead = pagedjax_blocks::rows_ahead(w.w, N, b, p, K / 32);
@@ -313,8 +304,8 @@ void chunk_rows_kind(const BlockWork& w, int64_t b0, int64_t b1, float* acc, flo
         if (n % 64 == 0) pagedjax_blocks::prefetch(ahead, n, 64);
         vf lo_sum[R], hi_sum[R];
         for (int r = 0; r < R; ++r) {
-          lo_sum[r] = p > 0 ? load(s_lo + r * N + n) : vf{};
-          hi_sum[r] = !kOne && p > 0 ? load(s_hi + r * N + n) : vf{};
+          lo_sum[r] = p > 0 ? V::load(s_lo + r * N + n) : vf{};
+          hi_sum[r] = !kOne && p > 0 ? V::load(s_hi + r * N + n) : vf{};
         }
         for (int i = 0; i < 4; ++i) {
           const int j = 4 * p + i;
@@ -322,28 +313,28 @@ void chunk_rows_kind(const BlockWork& w, int64_t b0, int64_t b1, float* acc, flo
           pagedjax_blocks::cols_code_pair<Kind, L>(w.w, N, b, j, n, &lo_q, &hi_q);
           const vf lo = __builtin_convertvector(lo_q, vf), hi = __builtin_convertvector(hi_q, vf);
           for (int r = 0; r < R; ++r) {
-            lo_sum[r] = splat(xb[r * K + j]) * lo + lo_sum[r];
+            lo_sum[r] = V::splat(xb[r * K + j]) * lo + lo_sum[r];
             if (kOne)
-              lo_sum[r] = splat(xb[r * K + 16 + j]) * hi + lo_sum[r];
+              lo_sum[r] = V::splat(xb[r * K + 16 + j]) * hi + lo_sum[r];
             else
-              hi_sum[r] = splat(xb[r * K + 16 + j]) * hi + hi_sum[r];
+              hi_sum[r] = V::splat(xb[r * K + 16 + j]) * hi + hi_sum[r];
           }
         }
         if (p < 3) {
           for (int r = 0; r < R; ++r) {
-            store(s_lo + r * N + n, lo_sum[r]);
-            if (!kOne) store(s_hi + r * N + n, hi_sum[r]);
+            V::store(s_lo + r * N + n, lo_sum[r]);
+            if (!kOne) V::store(s_hi + r * N + n, hi_sum[r]);
           }
           continue;
         }
         const float* fs = f + 48 * (n / 16) + n % 16;  // the fold
-        const vf a = load(fs), a2 = load(fs + 16), cc = load(fs + 32);
+        const vf a = V::load(fs), a2 = V::load(fs + 16), cc = V::load(fs + 32);
         for (int r = 0; r < R; ++r) {
-          vf c = load(acc + r * N + n);
+          vf c = V::load(acc + r * N + n);
           c = a * lo_sum[r] + c;
           if (!kOne) c = a2 * hi_sum[r] + c;
-          c = cc * splat(w.xs[r * (K / 32) + b]) + c;
-          store(acc + r * N + n, c);
+          c = cc * V::splat(w.xs[r * (K / 32) + b]) + c;
+          V::store(acc + r * N + n, c);
         }
       }
     }

@@ -86,8 +86,9 @@ inline v16i widen_u8(const uint8_t* p) { return widen16<false>(p); }
 inline v16i widen_s8(const uint8_t* p) { return widen16<true>(p); }
 
 // L-lane vectors (L = 16: AVX-512's registers, or two AVX2 ones; L = 8: one AVX2
-// register), their unaligned memory views, L bytes widened and one float in every
-// lane (one broadcast).
+// register): L floats loaded / stored unaligned as one vector (std::memcpy of a
+// vector wider than a register goes 8 bytes at a time with AVX2), L bytes
+// widened, and one float in every lane (one broadcast).
 template <int L>
 struct Lanes;
 template <>
@@ -97,6 +98,8 @@ struct Lanes<16> {
   typedef float f_u __attribute__((vector_size(64), aligned(4), may_alias));
   template <bool Signed>
   static i widen(const uint8_t* p) { return widen16<Signed>(p); }
+  static f load(const float* p) { return *reinterpret_cast<const f_u*>(p); }
+  static void store(float* p, f v) { *reinterpret_cast<f_u*>(p) = v; }
   static f splat(float x) { return f{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
 };
 template <>
@@ -106,12 +109,14 @@ struct Lanes<8> {
   typedef float f_u __attribute__((vector_size(32), aligned(4), may_alias));
   template <bool Signed>
   static i widen(const uint8_t* p) { return widen8<Signed>(p); }
+  static f load(const float* p) { return *reinterpret_cast<const f_u*>(p); }
+  static void store(float* p, f v) { *reinterpret_cast<f_u*>(p) = v; }
   static f splat(float x) { return f{x, x, x, x, x, x, x, x}; }
 };
 inline v16f to_f(v16i v) { return __builtin_convertvector(v, v16f); }
 // f in every lane (one broadcast: `v16f{} + f` would also add zero, which GCC must
 // keep, as it turns -0.0 into +0.0).
-inline v16f splat(float f) { return v16f{f, f, f, f, f, f, f, f, f, f, f, f, f, f, f, f}; }
+inline v16f splat(float f) { return Lanes<16>::splat(f); }
 // p rounded up to 64 bytes (an aligned view into a buffer 16 floats longer).
 inline float* align64(float* p) {
   return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t(63));
@@ -190,6 +195,13 @@ inline void cols_scales(const Comps& w, int64_t N, int64_t b, int64_t n, v16f* a
   *a_out = a, *a2_out = a2, *c_out = cc;
 }
 
+// cols_scales into out[0:48] = a | a2 | c (one vector store each).
+inline void cols_factors(const Comps& w, int64_t N, int64_t b, int64_t n, float* out) {
+  v16f a, a2, cc;
+  cols_scales(w, N, b, n, &a, &a2, &cc);
+  Lanes<16>::store(out, a), Lanes<16>::store(out + 16, a2), Lanes<16>::store(out + 32, cc);
+}
+
 // Cols layout: the integer codes q of elements j and j + 16 (j < 16) of block b,
 // columns n..n+L-1 (the table at the top; a 4-bit kind's byte row j holds both, as
 // its low and high nibbles), for a block kind known at compile time.
@@ -250,22 +262,15 @@ inline void decode_cols_kind(const Comps& w, int64_t N, int64_t b, int64_t n, fl
   using V = Lanes<kLanes>;
   using vf = typename V::f;
   alignas(64) float fac[48];  // a | a2 | c of the 16 columns
-  {
-    v16f a, a2, cc;
-    cols_scales(w, N, b, n, &a, &a2, &cc);
-    auto* f = reinterpret_cast<Lanes<16>::f_u*>(fac);
-    f[0] = a, f[1] = a2, f[2] = cc;
-  }
-  auto load = [](const float* p) -> vf { return *reinterpret_cast<const typename V::f_u*>(p); };
-  auto store = [](float* p, vf v) { *reinterpret_cast<typename V::f_u*>(p) = v; };
+  cols_factors(w, N, b, n, fac);
   for (int h = 0; h < 16; h += kLanes) {
-    const vf a = load(fac + h), a2 = load(fac + 16 + h), cc = load(fac + 32 + h);
+    const vf a = V::load(fac + h), a2 = V::load(fac + 16 + h), cc = V::load(fac + 32 + h);
     for (int j = 0; j < 16; ++j) {
       typename V::i lo, hi;
       cols_code_pair<Kind, kLanes>(w, N, b, j, n + h, &lo, &hi);
       const vf flo = __builtin_convertvector(lo, vf), fhi = __builtin_convertvector(hi, vf);
-      store(out + j * 16 + h, Kind == kQ8_0 ? a * flo : a * flo + cc);
-      store(out + (j + 16) * 16 + h, Kind == kQ8_0 ? a2 * fhi : a2 * fhi + cc);
+      V::store(out + j * 16 + h, Kind == kQ8_0 ? a * flo : a * flo + cc);
+      V::store(out + (j + 16) * 16 + h, Kind == kQ8_0 ? a2 * fhi : a2 * fhi + cc);
     }
   }
 }
