@@ -40,17 +40,20 @@
 // rows of x through W [K, N] (chunk_rows, AVX2) split W along K instead, into
 // chunks of kKB blocks (each one run of memory, read once for all the rows, in
 // order with the next rows prefetched), whose sums are added in order at the
-// end. A few rows through the table (block_nt): tasks of kNB rows (kNBFew for
-// at most kFewRows rows of x: longer runs of memory), 4 rows widened at a time
-// and dotted with up to 6 rows of x at a time (AVX-512: 16-lane chains,
-// dots_nt; AVX2: 8-lane, dot2x4 / dot1x4).
+// end. A few rows through the table: up to kRowsFewMax rows of x (4 with AVX-512,
+// 16 with AVX2), rows_few reads 4 table rows at a time in place and factors the
+// scales out of its sums as chunk_rows does; more, up to kDotRows (block_nt),
+// widens 4 table rows at a time and dots them with up to 6 rows of x at a time
+// (AVX-512: 16-lane chains, dots_nt; AVX2: 8-lane, dot2x4 / dot1x4). Tasks of
+// kNBFew table rows (longer runs of memory) for the fewest rows, else kNB.
 //
 // Every output is the same sum whatever the pool, and whatever the batch within
 // each path: panels, one FMA chain from zero over each chunk of kPanelK values
 // of k, the chunks added in order; chunk_rows, each row's factored sums from
-// zero over each chunk, the chunks added in order; the table's dots, each one
-// 16-lane chain reduced in one fixed order. So a row's result does not depend
-// on the rest of the batch, except on which path its row count takes.
+// zero over each chunk, the chunks added in order; rows_few, each row's factored
+// sums in kLanes lanes over all of K, reduced in one fixed order; the table's dots,
+// each one 16-lane chain reduced in one fixed order. So a row's result does not
+// depend on the rest of the batch, except on which path its row count takes.
 
 #include <algorithm>
 #include <cmath>
@@ -369,6 +372,105 @@ void chunk_rows(const BlockWork& w, int64_t b0, int64_t b1, float* acc, float* f
 }
 #endif
 
+// v's lanes summed in one fixed order (pairwise halves, L -> 1).
+template <int L, typename VF>
+inline float lanes_sum(VF v) {
+  float t[L];
+  std::memcpy(t, &v, sizeof(t));
+  for (int h = L / 2; h > 0; h /= 2)
+    for (int i = 0; i < h; ++i) t[i] += t[i + h];
+  return t[0];
+}
+
+// Rows of x a pass of rows_few carries in registers (J table rows x R rows of x
+// accumulators, L lanes each; AVX2 has 16 registers, AVX-512 32).
+constexpr int kFewPass = pagedjax_blocks::kLanes == 16 ? 4 : 2;
+
+// y[r, n..n+J-1] = x[r] . W[n + j] for R rows of x (x, xs: the pass's first row),
+// table rows read in place with the scales factored out of the sums, as
+// chunk_rows does (see the top): per 32-block, S = the block's products as one
+// FMA chain over its L-value pieces (q6_k: S_lo and S_hi, 16 values each), then
+// acc = fma(a, S, acc) (q6_k: and fma(a2, S_hi, acc)) in L lanes, and c * X
+// apart; the lanes summed at the end. fac: each table row's a | a2 | c (row_factors),
+// ldf floats apart.
+template <int Kind, int R, int J>
+void rows_few_pass(const BlockWork& w, const float* x, const float* xs, int64_t n,
+                   const float* fac, int64_t ldf, float* y) {
+  constexpr int L = pagedjax_blocks::kLanes, P = 16 / L;
+  using V = pagedjax_blocks::Lanes<L>;
+  using vf = typename V::f;
+  using vi = typename V::i;
+  constexpr bool kOne = pagedjax_blocks::one_scale(Kind);
+  constexpr bool kOffset = Kind == pagedjax_blocks::kQ4_1 || Kind == pagedjax_blocks::kQ4_K ||
+                           Kind == pagedjax_blocks::kI4;
+  const int64_t K = w.K, nb = K / 32;
+  vf acc[R][J];
+  float offs[R][J];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < J; ++j) acc[r][j] = vf{}, offs[r][j] = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int j = 0; j < J; ++j) {
+      vf lo[P], hi[P];
+      for (int h = 0; h < P; ++h) {
+        vi l, u;
+        pagedjax_blocks::row_code_pair<Kind, L>(w.w, K, n + j, b, h * L, &l, &u);
+        lo[h] = __builtin_convertvector(l, vf), hi[h] = __builtin_convertvector(u, vf);
+      }
+      const float* f = fac + j * ldf;
+      const vf a = V::splat(f[b]);
+      for (int r = 0; r < R; ++r) {
+        const float* xb = x + r * K + 32 * b;
+        vf s = V::load(xb) * lo[0];
+        for (int h = 1; h < P; ++h) s = V::load(xb + h * L) * lo[h] + s;
+        if (kOne) {
+          for (int h = 0; h < P; ++h) s = V::load(xb + 16 + h * L) * hi[h] + s;
+          acc[r][j] = a * s + acc[r][j];
+        } else {
+          acc[r][j] = a * s + acc[r][j];
+          vf s2 = V::load(xb + 16) * hi[0];
+          for (int h = 1; h < P; ++h) s2 = V::load(xb + 16 + h * L) * hi[h] + s2;
+          acc[r][j] = V::splat(f[nb + b]) * s2 + acc[r][j];
+        }
+        if (kOffset) offs[r][j] = std::fma(f[2 * nb + b], xs[r * nb + b], offs[r][j]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < J; ++j) y[r * w.N + n + j] = lanes_sum<L>(acc[r][j]) + offs[r][j];
+}
+
+// y[:, n0:n1] = x @ W[n0:n1]^T for at most kFewRows rows of x (rows_few_pass: kTableRows
+// table rows at a time, kFewPass rows of x a pass); fac holds kTableRows * 3 * K / 32
+// floats.
+constexpr int kTableRows = 4;
+
+void rows_few(const BlockWork& w, int64_t n0, int64_t n1, float* fac) {
+  const int64_t K = w.K, nb = K / 32, ldf = 3 * nb;
+  pagedjax_blocks::with_kind(w.w.kind, [&](auto kind) {
+    constexpr int Kind = decltype(kind)::value;
+    auto passes = [&](int64_t n, auto table_rows) {
+      constexpr int J = decltype(table_rows)::value;
+      for (int64_t m = 0; m < w.M; m += kFewPass) {
+        const float* x = w.x + m * K;
+        const float* xs = w.xs.data() + m * nb;
+        float* y = w.y + m * w.N;
+        with_rows(int(std::min<int64_t>(kFewPass, w.M - m)), [&](auto R) {
+          rows_few_pass<Kind, R, J>(w, x, xs, n, fac, ldf, y);
+        });
+      }
+    };
+    int64_t n = n0;
+    for (; n + kTableRows <= n1; n += kTableRows) {
+      for (int j = 0; j < kTableRows; ++j) pagedjax_blocks::row_factors(w.w, K, n + j, fac + j * ldf);
+      passes(n, std::integral_constant<int, kTableRows>{});
+    }
+    for (; n < n1; ++n) {
+      pagedjax_blocks::row_factors(w.w, K, n, fac);
+      passes(n, std::integral_constant<int, 1>{});
+    }
+  });
+}
+
 // y[:, n0:n1] = x @ W[n0:n1]^T for rows of W [N, K]; buf holds (n1 - n0) * K floats.
 void block_nt(const BlockWork& w, int64_t n0, int64_t n1, float* buf) {
   const int64_t M = w.M, K = w.K, N = w.N;
@@ -414,8 +516,14 @@ void block_nt(const BlockWork& w, int64_t n0, int64_t n1, float* buf) {
 
 #ifdef PAGEDJAX_AVX2
 constexpr bool kChunks = true;
+// Rows of x up to which the table W [N, K] runs on rows_few rather than block_nt's
+// dots: rows_few spends 3 FMAs a value and row, the dots 2 after a widening all rows
+// share, so from 5 rows the AVX-512 dots win; the AVX2 dots (8 lanes, 2 rows at a
+// time) lose to rows_few up to kDotRows.
+constexpr int kRowsFewMax = pagedjax_blocks::kLanes == 16 ? int(kFewRows) : kDotRows;
 #else
-constexpr bool kChunks = false;  // chunk_rows needs the vector widening
+constexpr bool kChunks = false;  // chunk_rows and rows_few need the vector widening
+constexpr int kRowsFewMax = 0;
 #endif
 
 // Whether a call runs on panels (tasks of kNC columns, columns_nn): many rows of x
@@ -438,6 +546,9 @@ void BlockWork::run() {
         columns_nn<true>(*this, t * kNC, std::min(N, (t + 1) * kNC), full);
       else
         columns_nn<false>(*this, t * kNC, std::min(N, (t + 1) * kNC), full);
+    } else if (transposed && M <= kRowsFewMax) {
+      if (buf.empty()) buf.resize(kTableRows * 3 * (K / 32));
+      rows_few(*this, t * rows_per_task, std::min(N, (t + 1) * rows_per_task), buf.data());
     } else if (transposed) {
       if (buf.empty()) buf.resize(rows_per_task * K);
       block_nt(*this, t * rows_per_task, std::min(N, (t + 1) * rows_per_task), buf.data());
@@ -461,8 +572,12 @@ void run_blockmatmul(const std::shared_ptr<BlockWork>& work, int64_t threads,
     pack_x(w);
     w.n_tasks = (w.N + kNC - 1) / kNC;
   } else if (w.transposed) {
-    w.rows_per_task = w.M <= kFewRows ? kNBFew : kNB;
+    w.rows_per_task = w.M <= std::max<int64_t>(kFewRows, kRowsFewMax) ? kNBFew : kNB;
     w.n_tasks = (w.N + w.rows_per_task - 1) / w.rows_per_task;
+    if (w.M <= kRowsFewMax) {  // rows_few's c * X
+      w.xs.resize(w.M * (w.K / 32));
+      for (int64_t i = 0; i < w.M * (w.K / 32); ++i) w.xs[i] = block_sum(w.x + 32 * i);
+    }
   } else {
     const int64_t nb = w.K / 32;
     w.xs.resize(w.M * nb);
@@ -586,6 +701,8 @@ extern "C" int PagedjaxSelfTest() {
     bad |= self_test_case(kind, 3, chunks, 40, false, 2) << 6;   // a few rows: chunks
     bad |= self_test_case(kind, 13, chunks, 40, false, 2) << 8;  // panels: wide tiles
     bad |= self_test_case(kind, 7, chunks, 50, true, 2) << 7;    // W [N, K]: groups of 4
+    bad |= self_test_case(kind, 3, chunks, 50, true, 2) << 10;   // W [N, K]: rows_few + rows
+    bad |= self_test_case(kind, 1, K, 9, true, 1) << 11;         // W [N, K]: rows_few, one row
     bad |= self_test_case(kind, 17, chunks, 50, true, 2) << 9;   // W [N, K]: panels + tail
   }
   bad |= pagedjax_isa::avx512_self_test() << 4;  // -march=native may have turned AVX-512 on

@@ -17,9 +17,9 @@
 //
 // -- the same products gguf.quants.dequantize forms, so a block widened here
 // is the dequantized float weight (up to the fused multiply-add's rounding).
-// blockmatmul.cc's one-row path takes the codes (cols_code_pair: elements j
-// and j + 16 together) and the factors a, a2, c (cols_scales) apart instead,
-// to factor the scales out of its sums.
+// blockmatmul.cc's few-row paths take the codes (cols_code_pair / row_code_pair:
+// elements j and j + 16 together) and the factors a, a2, c (cols_scales /
+// row_factors) apart instead, to factor the scales out of their sums.
 // Two layouts: Cols (the quantized axis first, [K_c, N]: 16 lanes are 16
 // columns of one row) and Rows (the quantized axis last, [N, K_c]: the tied
 // embedding; 16 lanes are 16 consecutive elements of one row). Written with
@@ -281,9 +281,11 @@ inline void decode_cols(const Comps& w, int64_t N, int64_t b, int64_t n, float* 
 
 
 
-// Rows layout: elements 32b..32b+31 of row n of a weight [N, K] (the quantized
-// axis last; K values a row) -> out[0:32].
-inline void decode_row_block(const Comps& w, int64_t K, int64_t n, int64_t b, float* out) {
+// Rows layout: the factors a (elements 0..15), a2 (16..31) and c of block b of
+// row n of a weight [N, K] (the quantized axis last; K values a row; the table at
+// the top).
+inline void row_block_factors(const Comps& w, int64_t K, int64_t n, int64_t b, float* a_out,
+                              float* a2_out, float* c_out) {
   const uint8_t* const* c = w.c;
   const int64_t nb = K / 32, sb = b / 8, nsb = K / 256;
   float a, a2, cc = 0.0f;
@@ -309,6 +311,64 @@ inline void decode_row_block(const Comps& w, int64_t K, int64_t n, int64_t b, fl
       a2 = d * float(int8_t(c[2][n * 2 * nb + 2 * b + 1]));
     }
   }
+  *a_out = a, *a2_out = a2, *c_out = cc;
+}
+
+// Rows layout: the factors of every block of row n -> fac = a[K/32] | a2[K/32] |
+// c[K/32] (a kind with one float16 scale and offset a block: 16 blocks at a time).
+inline void row_factors(const Comps& w, int64_t K, int64_t n, float* fac) {
+  const int64_t nb = K / 32;
+  int64_t b = 0;
+  if (w.kind == kQ8_0 || w.kind == kQ4_0 || w.kind == kQ4_1) {
+    for (; b + 16 <= nb; b += 16) {
+      const v16f d = f16x16(w.c[1] + 2 * (n * nb + b));
+      Lanes<16>::store(fac + b, d);
+      Lanes<16>::store(fac + nb + b, d);
+      Lanes<16>::store(fac + 2 * nb + b,
+                       w.kind == kQ4_1 ? f16x16(w.c[2] + 2 * (n * nb + b)) : v16f{});
+    }
+  }
+  for (; b < nb; ++b) row_block_factors(w, K, n, b, fac + b, fac + nb + b, fac + 2 * nb + b);
+}
+
+// Rows layout: the integer codes q of elements h..h+L-1 and 16+h..16+h+L-1
+// (h + L <= 16) of block b of row n, for a block kind known at compile time (a
+// 4-bit kind's byte e holds elements e and e + 16, as its low and high nibbles).
+template <int Kind, int L>
+inline void row_code_pair(const Comps& w, int64_t K, int64_t n, int64_t b, int h,
+                          typename Lanes<L>::i* lo, typename Lanes<L>::i* hi) {
+  using V = Lanes<L>;
+  using vi = typename V::i;
+  if (Kind == kQ8_0) {
+    const uint8_t* q = w.c[0] + n * K + 32 * b + h;
+    *lo = V::template widen<true>(q);
+    *hi = V::template widen<true>(q + 16);
+    return;
+  }
+  const vi bytes = V::template widen<false>(w.c[0] + n * (K / 2) + 16 * b + h);
+  vi l = bytes & 15, u = bytes >> 4;
+  if (Kind == kQ4_0) {
+    l -= 8;
+    u -= 8;
+  }
+  if (Kind == kQ6_K) {  // element e: bits 2 * (e / 8) of qh byte e % 8
+    uint8_t h8[16];
+    std::memcpy(h8, w.c[1] + n * (K / 4) + 8 * b, 8);
+    std::memcpy(h8 + 8, h8, 8);
+    vi s;
+    for (int i = 0; i < L; ++i) s[i] = 2 * ((h + i) / 8);
+    const vi qh = V::template widen<false>(h8 + h);
+    l = (l | (((qh >> s) & 3) << 4)) - 32;
+    u = (u | (((qh >> (s + 4)) & 3) << 4)) - 32;
+  }
+  *lo = l, *hi = u;
+}
+
+// Rows layout: elements 32b..32b+31 of row n of a weight [N, K] -> out[0:32].
+inline void decode_row_block(const Comps& w, int64_t K, int64_t n, int64_t b, float* out) {
+  const uint8_t* const* c = w.c;
+  float a, a2, cc;
+  row_block_factors(w, K, n, b, &a, &a2, &cc);
   v16f lo_f, hi_f;
   if (w.kind == kQ8_0) {
     const uint8_t* q = c[0] + n * K + 32 * b;

@@ -171,28 +171,31 @@ def test_every_build_path_matches_gguf(flags):
 
 # blockmatmul.cc's kChunkRows (W [K, N]) and kDotRows (the tied table W [N, K]): up to
 # this many rows of x, the few-row paths
-FEW_ROWS = {False: 8, True: 16}
+# The row counts at which the kernel changes path, by layout (transposed): W [K, N]
+# reads the blocks in place up to 8 rows; the tied table up to 4, dots widened rows
+# up to 16; both run on panels past that.
+PATH_ENDS = {False: (8,), True: (4, 16)}
 
 
 @pytest.mark.parametrize("flags", cpu_build.default_flag_sets(), ids=_flag_id)
 def test_row_results_do_not_depend_on_the_batch(flags):
     """Every build path, both layouts: a row's bits are the same at every row count
-    within each of the kernel's paths: a few rows (W [K, N], AVX2: the blocks read
-    in place with the scales factored out of the sums; the tied table: dots of
-    widened rows) and more (panels through the register tiles; plain loops without
-    AVX2). Both give gguf's product to the same tolerance."""
+    within each of the kernel's paths: a few rows (AVX2: the blocks read in place
+    with the scales factored out of the sums), the tied table's dots of widened rows
+    (5-16 rows), and more (panels through the register tiles; plain loops without
+    AVX2). Each gives gguf's product to the same tolerance."""
     run = _path_call(flags)
     for kind in ("q8_0", "q4_0", "q4_1", "q6_k"):
         x, w, cols, rows = case(kind, 22, 512, 40, seed=9)
         for comps, t in ((cols, False), (rows, True)):
-            n = FEW_ROWS[t]
-            few, full = run(kind, comps, x[:n], t), run(kind, comps, x, t)
-            for r in (1, 2, 5, 7):
-                np.testing.assert_array_equal(run(kind, comps, x[:r], t), few[:r])
-            for r in (n + 1, 19):
-                np.testing.assert_array_equal(run(kind, comps, x[:r], t), full[:r])
-            assert_close(few, x[:n], w)
-            assert_close(full, x, w)
+            first = 1
+            for last in PATH_ENDS[t] + (len(x),):
+                whole = run(kind, comps, x[:last], t)
+                for r in sorted({first, first + 1, (first + last) // 2, last - 1} - {0}):
+                    if first <= r < last:
+                        np.testing.assert_array_equal(run(kind, comps, x[:r], t), whole[:r])
+                assert_close(whole, x[:last], w)
+                first = last + 1
 
 
 def test_bad_arguments_name_what_to_change():
