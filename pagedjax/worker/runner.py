@@ -64,7 +64,8 @@ class Runner:
                  max_num_batched_tokens: int, max_model_len: int, plan: ExecutionPlan,
                  sample_backend: str | None = None, lora_slot=None):
         self.model = model
-        self.params = params
+        self._param_tree = None
+        self.params = params  # (the setter: param_leaves)
         self.kv_caches = kv_caches
         self.page_size = page_size
         self.max_num_seqs = max_num_seqs
@@ -142,14 +143,33 @@ class Runner:
         # the engine core points it at its requests.
         self.mrope_of = (lambda sid: None) if getattr(model, "uses_mrope", False) else None
 
+    @property
+    def params(self) -> dict:
+        """The model's state (a pytree of arrays). Setting it (LoRA writes replace
+        tables) keeps its structure; the step program takes its leaves."""
+        return self._params
+
+    @params.setter
+    def params(self, params: dict) -> None:
+        leaves, tree = jax.tree_util.tree_flatten(params)
+        if self._param_tree is not None and tree != self._param_tree:
+            raise ValueError("the runner's parameters changed structure; the compiled step "
+                             "programs take the old one (set arrays of the same tree)")
+        self._params, self._param_tree = params, tree
+        # The step program's first argument: a flat tuple costs jit's dispatch about
+        # two thirds of the nested dict's (no dict walks, no key sorting), every step.
+        self.param_leaves = tuple(leaves)
+
     # ------------------------------------------------------------------ device
-    def _step_impl(self, params, kv_caches, bufs, prev_tokens, mm=None, *, spec: PackSpec,
+    def _step_impl(self, param_leaves, kv_caches, bufs, prev_tokens, mm=None, *, spec: PackSpec,
                    plan: ExecutionPlan, prompt_k, pool: bool = False):
         """The model part of a step: forward + logits of the rows to sample.
 
-        bufs: the packed BatchInputs (see packing.py); prev_tokens i32[S_MAX]: the
-        previous step's sampled tokens (the placeholder source).
+        param_leaves: ``params``' leaves (``param_leaves``); bufs: the packed
+        BatchInputs (see packing.py); prev_tokens i32[S_MAX]: the previous step's
+        sampled tokens (the placeholder source).
         """
+        params = jax.tree_util.tree_unflatten(self._param_tree, param_leaves)
         batch: BatchInputs = unpack(bufs, spec)
         src = batch.token_src
         token_ids = jnp.where(src >= 0, prev_tokens[jnp.maximum(src, 0)], batch.token_ids)
@@ -353,10 +373,9 @@ class Runner:
         # jit's C++ path: cheaper than a jax.device_put first, and placed as compiled).
         t0, c0 = time.perf_counter(), time.thread_time()
         extra = () if mm is None else (mm,)  # text steps: the warmed-up program's signature
-        logits, plp, self.kv_caches = self.step_program(self.params, self.kv_caches, bbufs, prev_tokens,
-                                                 *extra, spec=bspec, plan=self.plan,
-                                                 prompt_k=prompt_k,
-                                                 **({"pool": True} if pool else {}))
+        logits, plp, self.kv_caches = self.step_program(
+            self.param_leaves, self.kv_caches, bbufs, prev_tokens, *extra, spec=bspec,
+            plan=self.plan, prompt_k=prompt_k, **({"pool": True} if pool else {}))
         self.dispatch_seconds += time.perf_counter() - t0
         self.dispatch_cpu_seconds += time.thread_time() - c0
         self.num_steps += 1
