@@ -157,6 +157,14 @@ def signature(args, shardings: bool = True) -> tuple:
     return (repr(treedef), tuple(_leaf_sig(x, shardings) for x in leaves))
 
 
+def local_signature(args) -> tuple:
+    """What :func:`signature` (without shardings) tells apart, as a key within this
+    process: the tree and each leaf's shape and dtype as objects, no reprs (it is
+    computed at every call)."""
+    leaves, treedef = jax.tree_util.tree_flatten(args)
+    return (treedef, tuple((np.shape(x), getattr(x, "dtype", type(x))) for x in leaves))
+
+
 def model_fingerprint(model) -> str:
     """What a model's programs depend on beside their arguments: its module,
     config, dtype, quantized weights and LoRA slots."""
@@ -211,8 +219,7 @@ class StoredJit:
 
     def _local_key(self, args, kw) -> tuple:
         rest = args[self.fixed:]
-        return (len(args), tuple(sorted(kw.items())),
-                signature(rest, shardings=False) if rest else None)
+        return (len(args), tuple(sorted(kw.items())), local_signature(rest) if rest else None)
 
     def __call__(self, *args, **kw):
         if _root is None or not self.stored:

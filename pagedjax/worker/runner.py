@@ -189,13 +189,14 @@ class Runner:
 
     def _sample_impl(self, logits, bufs, *, spec: PackSpec, num_logprobs, backend: str):
         """logits f32[S, V] of the step's rows; bufs: the packed (SamplingTensors,
-        sample_index i32[R] picking each sampling row's logits). Also returns the
-        first S_MAX sampled tokens at a fixed shape (the next step's placeholder source)."""
+        sample_index i32[R] picking each sampling row's logits) -> the SamplerOutput
+        packed into one array (sampler.pack_output), and the first S_MAX sampled tokens
+        at a fixed shape (the next step's placeholder source)."""
         st, sample_index = unpack(bufs, spec)
         out = sampler_mod.sample(logits[sample_index], st, num_logprobs, backend=backend)
         n = min(self.s_max, out.token_ids.shape[0])
         tokens = jnp.zeros(self.s_max, jnp.int32).at[:n].set(out.token_ids[:n].astype(jnp.int32))
-        return out, tokens
+        return sampler_mod.pack_output(out), tokens
 
     @staticmethod
     def _copy_impl(kv_caches, src, dst):
@@ -397,9 +398,9 @@ class Runner:
 
     def fetch(self, launched: Launched) -> StepResult:
         """Wait for a launched step; its sampled tokens and logprobs as numpy."""
-        fetched = jax.device_get((launched.sampled, launched.plp, launched.hidden))
+        packed, plp, hidden = jax.device_get((launched.sampled, launched.plp, launched.hidden))
         self.step_times.append(time.perf_counter() - launched.t0)
-        return StepResult.of(launched, *fetched)
+        return StepResult.of(launched, sampler_mod.unpack_output(packed), plp, hidden)
 
     def execute(self, rows, sample_rows: Sequence[SampleRow], prompt_lp: dict[str, int] | None = None,
                 prompt_tokens: dict[str, list[int]] | None = None) -> StepResult:

@@ -46,7 +46,7 @@ class StepResult:
 class Launched:
     """A dispatched step: device results not fetched yet."""
 
-    sampled: Any  # SamplerOutput of device arrays
+    sampled: jax.Array  # the SamplerOutput packed (sampler.pack_output)
     plp: Any  # prompt logprob arrays or None
     tokens: jax.Array  # i32[S_MAX] sampled token of each sampling row < S_MAX (next step's source)
     cu_q_lens: np.ndarray
