@@ -228,3 +228,22 @@ def test_placeholders_count_as_outputs():
     assert known.counter[0] == 3 and short.counter[0] == 2
     assert not known.use_edits and not pending.use_edits  # 3 outputs: min_tokens met
     assert short.use_edits and 0 in short.edit_ids[1].tolist()  # 2 outputs: stop id banned
+
+
+@pytest.mark.parametrize("k", [0, 5])
+def test_packed_output_round_trips(k):
+    """pack_output's one array (the step's single device-to-host copy) unpacks to the same
+    tokens, ranks, logprobs (bit for bit, -inf included) and top-k."""
+    from pagedjax.sample.sampler import SamplerOutput, pack_output, unpack_output
+
+    rng = np.random.default_rng(k)
+    out = SamplerOutput(jnp.asarray(rng.integers(0, 49152, 7), jnp.int32),
+                        jnp.asarray(np.r_[-np.inf, rng.standard_normal(6)], jnp.float32),
+                        jnp.asarray(rng.integers(1, 100, 7), jnp.int32),
+                        jnp.asarray(rng.integers(0, 49152, (7, k)), jnp.int32),
+                        jnp.asarray(rng.standard_normal((7, k)), jnp.float32))
+    back = unpack_output(np.asarray(jax.jit(pack_output)(out)))
+    for name in ("token_ids", "logprob", "rank", "topk_ids", "topk_logprobs"):
+        a, b = np.asarray(getattr(out, name)), getattr(back, name)
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        np.testing.assert_array_equal(a, b)

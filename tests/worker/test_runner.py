@@ -94,6 +94,25 @@ def test_scanned_layers_match_unrolled(tiny_llama_dir, smollm2_gguf):
         assert abs(a.outputs[0].cumulative_logprob - b.outputs[0].cumulative_logprob) < 1e-3
 
 
+def test_params_keep_their_structure(tiny_llama_dir, smollm2_gguf):
+    """The step program takes the parameters' leaves: arrays of the same tree may replace
+    them (what LoRA writes do), another tree is refused with a message."""
+    import jax
+
+    llm = LLM(tiny_llama_dir, tokenizer=smollm2_gguf, max_model_len=64, max_num_seqs=2,
+              num_pages=16)
+    runner = llm.llm_engine.runner
+    sp = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    before = llm.generate([[5, 17, 300]], sp, use_tqdm=False)[0].outputs[0].token_ids
+    runner.params = jax.tree_util.tree_map(lambda a: a * 0, runner.params)
+    assert all(not np.asarray(a).any() for a in runner.param_leaves)
+    assert llm.generate([[5, 17, 300]], sp, use_tqdm=False)[0].outputs[0].token_ids != before
+    runner.params = jax.tree_util.tree_map(lambda a: a, llm.llm_engine.params)
+    assert llm.generate([[5, 17, 300]], sp, use_tqdm=False)[0].outputs[0].token_ids == before
+    with pytest.raises(ValueError, match="changed structure"):
+        runner.params = {"other": runner.param_leaves[0]}
+
+
 def _reference_prepare(rows, ps, t, s, p, token_src):
     """Row by row, the obvious way: what Runner.prepare's vectorized code must give."""
     token_ids, src, positions, slots = (np.zeros(t, np.int32), np.full(t, -1, np.int32),
