@@ -104,10 +104,12 @@ def read_cache(path: Path) -> int | None:
     return rows if row_limit.is_rows(rows) else None
 
 
-def write_cache(path: Path, rows: int, timings: Mapping[int, tuple[float, float]]) -> None:
-    """Write atomically (concurrent processes each write a whole file)."""
+def write_cache(path: Path, rows: int, timings: Mapping[int, tuple[float, float]],
+                load: dict | None = None) -> None:
+    """Write atomically (concurrent processes each write a whole file); ``load``: the
+    machine's load when measured (row_limit.cached)."""
     row_limit.write_json(path, {
-        "format": FORMAT, "rows": int(rows), "margin": MARGIN,
+        "format": FORMAT, "rows": int(rows), "margin": MARGIN, **(load or {}),
         "timings_s": {str(r): {"cpp": c, "xla": x} for r, (c, x) in timings.items()}})
 
 

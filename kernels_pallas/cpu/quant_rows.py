@@ -187,8 +187,8 @@ def read_cache(path: Path) -> dict | None:
     return {"rows": data["rows"], "default": data["default"]}
 
 
-def write_cache(path: Path, choice: dict, timings: dict) -> None:
-    row_limit.write_json(path, {"format": FORMAT, **choice,
+def write_cache(path: Path, choice: dict, timings: dict, load: dict | None = None) -> None:
+    row_limit.write_json(path, {"format": FORMAT, **choice, **(load or {}),
                                 "timings_s": {str(r): t for r, t in timings.items()}})
 
 

@@ -72,6 +72,38 @@ def test_decide_measures_once_then_reads_the_cache(tmp_path, monkeypatch):
     assert cmr.decide(None, measure_fn=fake_measure) == 0  # no vectorized build: never
 
 
+def test_a_choice_measured_on_a_busy_machine_is_measured_again_once_it_is_quiet(
+        tmp_path, monkeypatch):
+    """A first start while other jobs load every core caches timings that are not the
+    machine's: they hold while it stays busy, and the first quiet start replaces them."""
+    from pagedjax.kernels_pallas.cpu import row_limit
+
+    monkeypatch.delenv(cmr.ENV, raising=False)
+    so = tmp_path / "cpu_kernels_abc.so"
+    busy_load = row_limit.BUSY_LOAD_PER_CPU * (os.cpu_count() or 1) + 1.0
+    calls = []
+
+    def fake_measure(winner_until):
+        def measure():
+            calls.append(winner_until)
+            return {r: (1.0, 2.0) if r <= winner_until else (3.0, 2.0) for r in (8, 16, 32)}
+        return measure
+
+    monkeypatch.setattr(row_limit, "load_average", lambda: busy_load)
+    assert cmr.decide(so, measure_fn=fake_measure(8)) == 8
+    assert row_limit.measured_busy(cmr.cache_path(so))
+    assert cmr.decide(so, measure_fn=fake_measure(32)) == 8  # still busy: the cache holds
+    monkeypatch.setattr(row_limit, "load_average", lambda: 0.1)
+    assert cmr.decide(so, measure_fn=fake_measure(32)) == 32  # quiet: measured again
+    assert not row_limit.measured_busy(cmr.cache_path(so))
+    assert cmr.decide(so, measure_fn=fake_measure(8)) == 32  # a quiet choice holds
+    monkeypatch.setattr(row_limit, "load_average", lambda: busy_load)
+    assert cmr.decide(so, measure_fn=fake_measure(8)) == 32  # even when busy again
+    assert calls == [8, 32]
+    data = json.loads(cmr.cache_path(so).read_text())
+    assert data["load_average"] == 0.1 and data["measured_busy"] is False
+
+
 def test_environment_overrides_and_bad_values_say_what_to_change(tmp_path, monkeypatch):
     so = tmp_path / "cpu_kernels_abc.so"
 
