@@ -208,6 +208,22 @@ def test_step_profile_smoke(tiny_folder, tmp_path):
     assert rep["shapes"]["hidden"] == 64 and rep["shapes"]["vocab"] == 512
 
 
+def test_host_contention_smoke(tiny_folder, tmp_path):
+    from benchmarks.step import host_contention
+
+    out = tmp_path / "contention.json"
+    rc = host_contention.main(["--model", tiny_folder, "--quantization", "none", "--context",
+                               "40", "--duties", "0,0.25", "--steps", "5", "--rounds", "2",
+                               "--json", str(out)])
+    assert rc == 0
+    rep = json.loads(out.read_text())
+    assert [r["duty"] for r in rep["results"]] == [0.0, 0.25]
+    for r in rep["results"]:
+        assert len(r["all_ms"]) == 2 and all(t > 0 for t in r["all_ms"])
+        assert r["ms_per_step"] == pytest.approx(float(np.median(r["all_ms"])))
+    assert rep["results"][0]["slowdown_ms"] == 0.0 and rep["results"][1]["ideal_slowdown_ms"] > 0
+
+
 def test_step_profile_derives_parts():
     from benchmarks.step.step_profile import derive
 
