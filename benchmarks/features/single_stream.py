@@ -19,8 +19,12 @@ the same prompt, one request of ``--tokens`` greedy tokens, EOS ignored:
   warm-up request.
 
 Weight memory: the engine's ``weight_bytes`` for pagedjax; for llama.cpp the
-GGUF file's tensor bytes (it maps the file's blocks as its weights). Prints a table per round and writes
-JSON (default benchmarks/results/single_stream.json).
+GGUF file's tensor bytes (it maps the file's blocks as its weights). pagedjax's
+host CPU a token: the engine thread's CPU time (``time.thread_time``) over the
+same difference of requests, the host work that shares the cores with the
+kernels' threads. Prints a table per round, then each pagedjax mode's rate over
+each llama.cpp mode's, per round and their median, and writes JSON (default
+benchmarks/results/single_stream.json).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -48,18 +53,20 @@ def _pagedjax_child(model: str | None, mode: str, tokens: int) -> dict:
 
     def gen(n):
         sp = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         out = llm.generate([PROMPT], sp, use_tqdm=False)
-        return time.perf_counter() - t, out[0]
+        return time.perf_counter() - t, time.thread_time() - c, out[0]
     gen(tokens), gen(1)  # compile every bucket on the way
-    t_full = min(gen(tokens)[0] for _ in range(3))
-    t_one = min(gen(1)[0] for _ in range(3))
-    out = gen(tokens)[1]
+    t_full, c_full, _ = min((gen(tokens) for _ in range(3)), key=lambda g: g[0])
+    t_one, c_one, _ = min((gen(1) for _ in range(3)), key=lambda g: g[0])
+    out = gen(tokens)[2]
     eng = llm.llm_engine
     return {"mode": mode, "weight_bytes": int(eng.weight_bytes),
             "block_matmul_rows": eng.runner.plan.block_matmul_rows,
             "prompt_tokens": len(out.prompt_token_ids),
-            "decode_tok_s": (tokens - 1) / max(t_full - t_one, 1e-9)}
+            "decode_tok_s": (tokens - 1) / max(t_full - t_one, 1e-9),
+            # the engine's own thread (the host work beside the kernels' threads)
+            "host_cpu_ms_per_token": (c_full - c_one) / (tokens - 1) * 1e3}
 
 
 def _llama_cpp(server: str, gguf: str, tokens: int, threads: int) -> dict:
@@ -112,14 +119,23 @@ def main(argv=None) -> int:
                   flush=True)
         rounds.append(res)
         print(f"round {i + 1} (order: {', '.join(res)})")
-        print("  mode        weights MiB  decode tok/s  prompt tokens")
+        print("  mode        weights MiB  decode tok/s  prompt tokens  host CPU ms/token")
         for m, r in res.items():
+            host = r.get("host_cpu_ms_per_token")
             print(f"  {m:<10} {r['weight_bytes'] / 2**20:>12.1f} {r['decode_tok_s']:>13.1f}"
-                  f" {r['prompt_tokens']:>14}")
+                  f" {r['prompt_tokens']:>14} {'' if host is None else f'{host:.2f}':>17}")
         sys.stdout.flush()
+    ratios = {}  # pagedjax mode / llama.cpp mode, each round's own
+    for a in (m for m in modes if not m.startswith("llama.cpp")):
+        for b in (m for m in modes if m.startswith("llama.cpp")):
+            ratios[f"{a} / {b}"] = [r[a]["decode_tok_s"] / r[b]["decode_tok_s"] for r in rounds]
+    for name, rs in ratios.items():
+        print(f"{name}: median {statistics.median(rs):.3f} over {len(rs)} rounds "
+              f"[{min(rs):.3f}-{max(rs):.3f}]")
     report = {"benchmark": "single_stream", "args": {k: v for k, v in vars(ns).items()},
               "date": time.strftime("%Y-%m-%d"), "machine": os.uname().nodename,
-              "cpus": os.cpu_count(), "load_avg": os.getloadavg(), "rounds": rounds}
+              "cpus": os.cpu_count(), "load_avg": os.getloadavg(), "rounds": rounds,
+              "ratios": ratios}
     with open(ns.json, "w") as f:
         json.dump(report, f, indent=1)
     print(f"wrote {ns.json}")
