@@ -42,10 +42,10 @@
 // order with the next rows prefetched), whose sums are added in order at the
 // end. A few rows through the table: up to kRowsFewMax rows of x (4 with AVX-512,
 // 16 with AVX2), rows_few reads 4 table rows at a time in place and factors the
-// scales out of its sums as chunk_rows does; more, up to kDotRows (block_nt),
-// widens 4 table rows at a time and dots them with up to 6 rows of x at a time
-// (AVX-512: 16-lane chains, dots_nt; AVX2: 8-lane, dot2x4 / dot1x4). Tasks of
-// kNBFew table rows (longer runs of memory) for the fewest rows, else kNB.
+// scales out of its sums as chunk_rows does; AVX-512 from 5 rows up to kDotRows
+// (block_nt) widens 4 table rows at a time and dots them with up to 6 rows of x at
+// a time (16-lane chains, dots_nt). Tasks of kNBFew table rows (longer runs of
+// memory) for the fewest rows, else kNB. Without AVX2, block_nt's plain loops.
 //
 // Every output is the same sum whatever the pool, and whatever the batch within
 // each path: panels, one FMA chain from zero over each chunk of kPanelK values
@@ -439,7 +439,7 @@ void rows_few_pass(const BlockWork& w, const float* x, const float* xs, int64_t 
     for (int j = 0; j < J; ++j) y[r * w.N + n + j] = lanes_sum<L>(acc[r][j]) + offs[r][j];
 }
 
-// y[:, n0:n1] = x @ W[n0:n1]^T for at most kFewRows rows of x (rows_few_pass: kTableRows
+// y[:, n0:n1] = x @ W[n0:n1]^T for at most kRowsFewMax rows of x (rows_few_pass: kTableRows
 // table rows at a time, kFewPass rows of x a pass); fac holds kTableRows * 3 * K / 32
 // floats.
 constexpr int kTableRows = 4;
@@ -471,7 +471,8 @@ void rows_few(const BlockWork& w, int64_t n0, int64_t n1, float* fac) {
   });
 }
 
-// y[:, n0:n1] = x @ W[n0:n1]^T for rows of W [N, K]; buf holds (n1 - n0) * K floats.
+// y[:, n0:n1] = x @ W[n0:n1]^T for rows of W [N, K] (AVX-512: 5 to kDotRows rows of x;
+// without AVX2: up to kDotRows); buf holds (n1 - n0) * K floats.
 void block_nt(const BlockWork& w, int64_t n0, int64_t n1, float* buf) {
   const int64_t M = w.M, K = w.K, N = w.N;
   int64_t n = n0;
@@ -489,22 +490,8 @@ void block_nt(const BlockWork& w, int64_t n0, int64_t n1, float* buf) {
           dots_nt<R>(w.x + m * K, K, buf + 4 * g * K, w.y + m * N + n + 4 * g, N);
         });
   }
-#elif defined(PAGEDJAX_AVX2)
-  for (; n + 4 <= n1; n += 4) {
-    for (int r = 0; r < 4; ++r) pagedjax_blocks::decode_row(w.w, K, n + r, buf + r * K);
-    const float *w0 = buf, *w1 = buf + K, *w2 = buf + 2 * K, *w3 = buf + 3 * K;
-    int64_t m = 0;
-    for (; m + 2 <= M; m += 2) {
-      const float* xa = w.x + m * K;
-      const __m256 s = pagedjax_tile::dot2x4(xa, xa + K, w0, w1, w2, w3, K);
-      _mm_storeu_ps(w.y + m * N + n, _mm256_castps256_ps128(s));
-      _mm_storeu_ps(w.y + (m + 1) * N + n, _mm256_extractf128_ps(s, 1));
-    }
-    if (m < M)  // the last odd row: its pair's sums
-      _mm_storeu_ps(w.y + m * N + n, pagedjax_tile::dot1x4(w.x + m * K, w0, w1, w2, w3, K));
-  }
 #endif
-  for (; n < n1; ++n) {  // rows past the last group of 4 (or all: no AVX2)
+  for (; n < n1; ++n) {  // rows past the last group of 4 (or all: no AVX-512)
     pagedjax_blocks::decode_row(w.w, K, n, buf);
     for (int64_t m = 0; m < M; ++m) {
       float acc = 0.0f;
@@ -518,8 +505,8 @@ void block_nt(const BlockWork& w, int64_t n0, int64_t n1, float* buf) {
 constexpr bool kChunks = true;
 // Rows of x up to which the table W [N, K] runs on rows_few rather than block_nt's
 // dots: rows_few spends 3 FMAs a value and row, the dots 2 after a widening all rows
-// share, so from 5 rows the AVX-512 dots win; the AVX2 dots (8 lanes, 2 rows at a
-// time) lose to rows_few up to kDotRows.
+// share, so from 5 rows the AVX-512 dots win; AVX2 dots (8 lanes, 2 rows at a time)
+// measured slower than rows_few up to kDotRows, so AVX2 builds have none.
 constexpr int kRowsFewMax = pagedjax_blocks::kLanes == 16 ? int(kFewRows) : kDotRows;
 #else
 constexpr bool kChunks = false;  // chunk_rows and rows_few need the vector widening
