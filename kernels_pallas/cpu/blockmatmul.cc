@@ -96,7 +96,7 @@ struct BlockWork : pagedjax_parallel::Tasks {
   std::vector<float> partials;  // a few rows of x, W [K, N]: each chunk's sums [tasks][M][N]
   int64_t rows_per_task = kNB;  // W [N, K]
   std::vector<float> xp;  // panels: x packed [(M + 5) / 6][K][6] (rows past M: zero)
-  std::vector<float> xs;  // a few rows of x, W [K, N]: their 32-blocks' sums [M][K / 32]
+  std::vector<float> xs;  // the factored few-row paths, kinds with an offset: x's 32-blocks' sums [M][K / 32]
   void run();
 };
 
@@ -336,7 +336,7 @@ void chunk_rows_kind(const BlockWork& w, int64_t b0, int64_t b1, float* acc, flo
           vf c = V::load(acc + r * N + n);
           c = a * lo_sum[r] + c;
           if (!kOne) c = a2 * hi_sum[r] + c;
-          c = cc * V::splat(w.xs[r * (K / 32) + b]) + c;
+          if (pagedjax_blocks::has_offset(Kind)) c = cc * V::splat(w.xs[r * (K / 32) + b]) + c;
           V::store(acc + r * N + n, c);
         }
       }
@@ -401,8 +401,7 @@ void rows_few_pass(const BlockWork& w, const float* x, const float* xs, int64_t 
   using vf = typename V::f;
   using vi = typename V::i;
   constexpr bool kOne = pagedjax_blocks::one_scale(Kind);
-  constexpr bool kOffset = Kind == pagedjax_blocks::kQ4_1 || Kind == pagedjax_blocks::kQ4_K ||
-                           Kind == pagedjax_blocks::kI4;
+  constexpr bool kOffset = pagedjax_blocks::has_offset(Kind);
   const int64_t K = w.K, nb = K / 32;
   vf acc[R][J];
   float offs[R][J];
@@ -452,7 +451,7 @@ void rows_few(const BlockWork& w, int64_t n0, int64_t n1, float* fac) {
       constexpr int J = decltype(table_rows)::value;
       for (int64_t m = 0; m < w.M; m += kFewPass) {
         const float* x = w.x + m * K;
-        const float* xs = w.xs.data() + m * nb;
+        const float* xs = w.xs.empty() ? nullptr : w.xs.data() + m * nb;  // (has_offset)
         float* y = w.y + m * w.N;
         with_rows(int(std::min<int64_t>(kFewPass, w.M - m)), [&](auto R) {
           rows_few_pass<Kind, R, J>(w, x, xs, n, fac, ldf, y);
@@ -561,16 +560,14 @@ void run_blockmatmul(const std::shared_ptr<BlockWork>& work, int64_t threads,
   } else if (w.transposed) {
     w.rows_per_task = w.M <= std::max<int64_t>(kFewRows, kRowsFewMax) ? kNBFew : kNB;
     w.n_tasks = (w.N + w.rows_per_task - 1) / w.rows_per_task;
-    if (w.M <= kRowsFewMax) {  // rows_few's c * X
-      w.xs.resize(w.M * (w.K / 32));
-      for (int64_t i = 0; i < w.M * (w.K / 32); ++i) w.xs[i] = block_sum(w.x + 32 * i);
-    }
   } else {
-    const int64_t nb = w.K / 32;
-    w.xs.resize(w.M * nb);
-    for (int64_t i = 0; i < w.M * nb; ++i) w.xs[i] = block_sum(w.x + 32 * i);
-    w.n_tasks = (nb + kKB - 1) / kKB;
+    w.n_tasks = (w.K / 32 + kKB - 1) / kKB;
     w.partials.resize(w.n_tasks * w.M * w.N);
+  }
+  const bool factored = !on_panels(w) && (!w.transposed || w.M <= kRowsFewMax);
+  if (factored && pagedjax_blocks::has_offset(w.w.kind)) {  // their c * X
+    w.xs.resize(w.M * (w.K / 32));
+    for (int64_t i = 0; i < w.M * (w.K / 32); ++i) w.xs[i] = block_sum(w.x + 32 * i);
   }
   pagedjax_parallel::run(work, threads, pagedjax_matmul_ffi::worth_helpers(w.M, w.K, w.N),
                          schedule);

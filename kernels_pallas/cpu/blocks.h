@@ -202,9 +202,28 @@ inline void cols_factors(const Comps& w, int64_t N, int64_t b, int64_t n, float*
   Lanes<16>::store(out, a), Lanes<16>::store(out + 16, a2), Lanes<16>::store(out + 32, cc);
 }
 
+// A 4-bit kind's code bytes (byte e holds elements e and e + 16 of a block, as its
+// low and high nibbles) -> the codes of both elements (q4_0: nibble - 8; q6_k: with
+// the two high bits of `qh` at bit shift s (element e) and s + 4 (element e + 16),
+// then - 32). V: Lanes<L>; S: a shift for every lane or one for all.
+template <int Kind, typename V, typename S>
+inline void nibble_codes(typename V::i bytes, typename V::i qh, S s, typename V::i* lo,
+                         typename V::i* hi) {
+  typename V::i l = bytes & 15, h = bytes >> 4;
+  if (Kind == kQ4_0) {
+    l -= 8;
+    h -= 8;
+  }
+  if (Kind == kQ6_K) {
+    l = (l | (((qh >> s) & 3) << 4)) - 32;
+    h = (h | (((qh >> (s + 4)) & 3) << 4)) - 32;
+  }
+  *lo = l, *hi = h;
+}
+
 // Cols layout: the integer codes q of elements j and j + 16 (j < 16) of block b,
-// columns n..n+L-1 (the table at the top; a 4-bit kind's byte row j holds both, as
-// its low and high nibbles), for a block kind known at compile time.
+// columns n..n+L-1 (the table at the top; a 4-bit kind's byte row j holds both),
+// for a block kind known at compile time.
 template <int Kind, int L = 16>
 inline void cols_code_pair(const Comps& w, int64_t N, int64_t b, int j, int64_t n,
                            typename Lanes<L>::i* lo, typename Lanes<L>::i* hi) {
@@ -215,18 +234,9 @@ inline void cols_code_pair(const Comps& w, int64_t N, int64_t b, int j, int64_t 
     return;
   }
   const typename V::i bytes = V::template widen<false>(w.c[0] + (16 * b + j) * N + n);
-  typename V::i l = bytes & 15, h = bytes >> 4;
-  if (Kind == kQ4_0) {
-    l -= 8;
-    h -= 8;
-  }
-  if (Kind == kQ6_K) {
-    const typename V::i qh = V::template widen<false>(w.c[1] + (8 * b + j % 8) * N + n);
-    const int s = 2 * (j / 8);
-    l = (l | (((qh >> s) & 3) << 4)) - 32;
-    h = (h | (((qh >> (s + 4)) & 3) << 4)) - 32;
-  }
-  *lo = l, *hi = h;
+  const typename V::i qh = Kind == kQ6_K
+      ? V::template widen<false>(w.c[1] + (8 * b + j % 8) * N + n) : typename V::i{};
+  nibble_codes<Kind, V>(bytes, qh, 2 * (j / 8), lo, hi);  // element j: bits 2 * (j / 8)
 }
 
 // f(std::integral_constant<int, Kind>{}) for the kind known at run time.
@@ -246,6 +256,10 @@ inline void with_kind(int kind, F f) {
 // every kind but q6_k (a scale per 16). The one-row path then sums the block's
 // 32 products in one chain.
 constexpr bool one_scale(int kind) { return kind != kQ6_K; }
+
+// Whether a kind's values have an offset c (a * q + c, c not always zero): q4_1,
+// q4_k and int4. The others' sums skip c * X.
+constexpr bool has_offset(int kind) { return kind == kQ4_1 || kind == kQ4_K || kind == kI4; }
 
 // Columns a vector of the Cols layout's kernels holds: one register (16 with
 // AVX-512, 8 with AVX2: GCC keeps wider vectors of its own on the stack there).
@@ -269,8 +283,8 @@ inline void decode_cols_kind(const Comps& w, int64_t N, int64_t b, int64_t n, fl
       typename V::i lo, hi;
       cols_code_pair<Kind, kLanes>(w, N, b, j, n + h, &lo, &hi);
       const vf flo = __builtin_convertvector(lo, vf), fhi = __builtin_convertvector(hi, vf);
-      V::store(out + j * 16 + h, Kind == kQ8_0 ? a * flo : a * flo + cc);
-      V::store(out + (j + 16) * 16 + h, Kind == kQ8_0 ? a2 * fhi : a2 * fhi + cc);
+      V::store(out + j * 16 + h, has_offset(Kind) ? a * flo + cc : a * flo);
+      V::store(out + (j + 16) * 16 + h, has_offset(Kind) ? a2 * fhi + cc : a2 * fhi);
     }
   }
 }
@@ -278,8 +292,6 @@ inline void decode_cols_kind(const Comps& w, int64_t N, int64_t b, int64_t n, fl
 inline void decode_cols(const Comps& w, int64_t N, int64_t b, int64_t n, float* out) {
   with_kind(w.kind, [&](auto kind) { decode_cols_kind<decltype(kind)::value>(w, N, b, n, out); });
 }
-
-
 
 // Rows layout: the factors a (elements 0..15), a2 (16..31) and c of block b of
 // row n of a weight [N, K] (the quantized axis last; K values a row; the table at
@@ -345,55 +357,33 @@ inline void row_code_pair(const Comps& w, int64_t K, int64_t n, int64_t b, int h
     *hi = V::template widen<true>(q + 16);
     return;
   }
-  const vi bytes = V::template widen<false>(w.c[0] + n * (K / 2) + 16 * b + h);
-  vi l = bytes & 15, u = bytes >> 4;
-  if (Kind == kQ4_0) {
-    l -= 8;
-    u -= 8;
-  }
+  vi qh{}, s{};
   if (Kind == kQ6_K) {  // element e: bits 2 * (e / 8) of qh byte e % 8
     uint8_t h8[16];
     std::memcpy(h8, w.c[1] + n * (K / 4) + 8 * b, 8);
     std::memcpy(h8 + 8, h8, 8);
-    vi s;
+    qh = V::template widen<false>(h8 + h);
     for (int i = 0; i < L; ++i) s[i] = 2 * ((h + i) / 8);
-    const vi qh = V::template widen<false>(h8 + h);
-    l = (l | (((qh >> s) & 3) << 4)) - 32;
-    u = (u | (((qh >> (s + 4)) & 3) << 4)) - 32;
   }
-  *lo = l, *hi = u;
+  nibble_codes<Kind, V>(V::template widen<false>(w.c[0] + n * (K / 2) + 16 * b + h), qh, s,
+                        lo, hi);
 }
 
 // Rows layout: elements 32b..32b+31 of row n of a weight [N, K] -> out[0:32].
-inline void decode_row_block(const Comps& w, int64_t K, int64_t n, int64_t b, float* out) {
-  const uint8_t* const* c = w.c;
+template <int Kind>
+inline void decode_row_block_kind(const Comps& w, int64_t K, int64_t n, int64_t b,
+                                  float* out) {
   float a, a2, cc;
   row_block_factors(w, K, n, b, &a, &a2, &cc);
-  v16f lo_f, hi_f;
-  if (w.kind == kQ8_0) {
-    const uint8_t* q = c[0] + n * K + 32 * b;
-    lo_f = splat(a) * to_f(widen_s8(q));
-    hi_f = splat(a2) * to_f(widen_s8(q + 16));
-  } else {
-    const v16i bytes = widen_u8(c[0] + n * (K / 2) + 16 * b);
-    v16i lo = bytes & 15, hi = bytes >> 4;
-    if (w.kind == kQ4_0) {
-      lo -= 8;
-      hi -= 8;
-    } else if (w.kind == kQ6_K) {
-      uint8_t h8[16];
-      std::memcpy(h8, c[1] + n * (K / 4) + 8 * b, 8);
-      std::memcpy(h8 + 8, h8, 8);
-      const v16i h = widen_u8(h8);
-      const v16i s = {0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2};
-      lo = (lo | (((h >> s) & 3) << 4)) - 32;
-      hi = (hi | (((h >> (s + 4)) & 3) << 4)) - 32;
-    }
-    lo_f = splat(a) * to_f(lo) + cc;
-    hi_f = splat(a2) * to_f(hi) + cc;
-  }
-  std::memcpy(out, &lo_f, 64);
-  std::memcpy(out + 16, &hi_f, 64);
+  v16i lo, hi;
+  row_code_pair<Kind, 16>(w, K, n, b, 0, &lo, &hi);
+  const v16f lo_f = has_offset(Kind) ? splat(a) * to_f(lo) + cc : splat(a) * to_f(lo);
+  const v16f hi_f = has_offset(Kind) ? splat(a2) * to_f(hi) + cc : splat(a2) * to_f(hi);
+  Lanes<16>::store(out, lo_f), Lanes<16>::store(out + 16, hi_f);
+}
+
+inline void decode_row_block(const Comps& w, int64_t K, int64_t n, int64_t b, float* out) {
+  with_kind(w.kind, [&](auto kind) { decode_row_block_kind<decltype(kind)::value>(w, K, n, b, out); });
 }
 
 // Row n of a weight [N, K] (Rows layout) -> out[0:K].
