@@ -17,18 +17,20 @@ namespace pagedjax_block_tiles {
 constexpr int64_t kPanelK = 128;              // values of k a panel holds (4 32-blocks)
 constexpr int64_t kPanel = kPanelK * 16;      // floats a panel holds ([kPanelK][16])
 
-// f(std::integral_constant<int, R>{}) for R = rows (1-6: the tiles' row counts as
-// template arguments, one switch for every tile).
+// f(std::integral_constant<int, R>{}) for R = rows, 1..Max (a kernel's row counts as
+// template arguments: only those up to Max are instantiated).
+template <int Max, typename F>
+inline void with_rows_upto(int rows, F f) {
+  if constexpr (Max > 1) {
+    if (rows < Max) return with_rows_upto<Max - 1>(rows, f);
+  }
+  f(std::integral_constant<int, Max>{});
+}
+
+// with_rows_upto for the register tiles' 1-6 rows.
 template <typename F>
 inline void with_rows(int rows, F f) {
-  switch (rows) {
-    case 6: f(std::integral_constant<int, 6>{}); break;
-    case 5: f(std::integral_constant<int, 5>{}); break;
-    case 4: f(std::integral_constant<int, 4>{}); break;
-    case 3: f(std::integral_constant<int, 3>{}); break;
-    case 2: f(std::integral_constant<int, 2>{}); break;
-    default: f(std::integral_constant<int, 1>{}); break;
-  }
+  with_rows_upto<6>(rows, f);
 }
 
 #ifdef PAGEDJAX_AVX2

@@ -226,9 +226,10 @@ inline void decode_panel_tail(const BlockWork& w, int64_t b, int64_t n, int64_t 
 // added in order).
 template <bool T>
 void columns_nn(const BlockWork& w, int64_t n0, int64_t n1, float* full) {
-  const int64_t N = w.N, K = w.K;
+  const int64_t K = w.K;
   int64_t n_rest = n0;  // columns left to the chunked loop
 #ifdef PAGEDJAX_AVX512
+  const int64_t N = w.N;
   if (K <= kFullK) {
     for (; n_rest + 16 * kStrips <= n1; n_rest += 16 * kStrips) {
       for (int s = 0; s < kStrips; ++s)
@@ -354,18 +355,9 @@ void chunk_rows_kind(const BlockWork& w, int64_t b0, int64_t b1, float* acc, flo
   }
 }
 
-// f(std::integral_constant<int, R>{}) for R = rows, 1..kChunkRows.
-template <int R = kChunkRows, typename F>
-inline void with_chunk_rows(int rows, F f) {
-  if constexpr (R > 1) {
-    if (rows < R) return with_chunk_rows<R - 1>(rows, f);
-  }
-  f(std::integral_constant<int, R>{});
-}
-
 void chunk_rows(const BlockWork& w, int64_t b0, int64_t b1, float* acc, float* f) {
   pagedjax_blocks::with_kind(w.w.kind, [&](auto kind) {
-    with_chunk_rows(int(w.M), [&](auto R) {
+    with_rows_upto<kChunkRows>(int(w.M), [&](auto R) {
       chunk_rows_kind<decltype(kind)::value, R>(w, b0, b1, acc, f);
     });
   });
@@ -453,7 +445,7 @@ void rows_few(const BlockWork& w, int64_t n0, int64_t n1, float* fac) {
         const float* x = w.x + m * K;
         const float* xs = w.xs.empty() ? nullptr : w.xs.data() + m * nb;  // (has_offset)
         float* y = w.y + m * w.N;
-        with_rows(int(std::min<int64_t>(kFewPass, w.M - m)), [&](auto R) {
+        with_rows_upto<kFewPass>(int(std::min<int64_t>(kFewPass, w.M - m)), [&](auto R) {
           rows_few_pass<Kind, R, J>(w, x, xs, n, fac, ldf, y);
         });
       }
