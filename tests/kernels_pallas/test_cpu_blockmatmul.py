@@ -169,11 +169,11 @@ def test_every_build_path_matches_gguf(flags):
         run_int4(run, group, 7, 256, 37, seed=3)
 
 
-# blockmatmul.cc's kChunkRows (W [K, N]) and kDotRows (the tied table W [N, K]): up to
-# this many rows of x, the few-row paths
-# The row counts at which the kernel changes path, by layout (transposed): W [K, N]
-# reads the blocks in place up to 8 rows; the tied table up to 4, dots widened rows
-# up to 16; both run on panels past that.
+# The row counts at which the kernel may change path, by layout (transposed):
+# blockmatmul.cc's kChunkRows (W [K, N] read in place up to 8 rows) and, for the tied
+# table, kRowsFewMax with AVX-512 (read in place up to 4 rows, dots of widened rows up
+# to kDotRows = 16; AVX2 reads 1-16 in place, a case the finer split still checks);
+# both run on panels past that.
 PATH_ENDS = {False: (8,), True: (4, 16)}
 
 
