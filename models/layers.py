@@ -185,13 +185,16 @@ def block_matmul(x: jax.Array, kind: str, comps: dict, *, transposed: bool = Fal
     along In (models/quant.py) in the C++ block kernel
     (kernels_pallas/cpu/blockmatmul.cc), or ``x @ W[Out, In].T`` when ``transposed``
     (the tied LM head, quantized along its last axis) -> ``[T, ...Out]``."""
+    from pagedjax.kernels_pallas import packed
     from pagedjax.kernels_pallas.cpu import blockmatmul as cpu_blockmatmul
 
+    # Components packed in one buffer of weights (the runner's): read there in place.
+    inplace = packed.sources(comps)
     if transposed:
-        return cpu_blockmatmul.blockmatmul(kind, comps, x, transposed=True)
+        return cpu_blockmatmul.blockmatmul(kind, comps, x, transposed=True, packed=inplace)
     out_shape = comps[next(iter(comps))].shape[1:]
     flat = {k: v.reshape(v.shape[0], -1) for k, v in comps.items()}
-    y = cpu_blockmatmul.blockmatmul(kind, flat, x)
+    y = cpu_blockmatmul.blockmatmul(kind, flat, x, packed=inplace)
     return y.reshape(x.shape[0], *out_shape)
 
 

@@ -587,7 +587,8 @@ std::shared_ptr<BlockWork> make_work(const float* x, Comps comps, float* y, int6
 ffi::Error BlockMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer c0,
                            ffi::AnyBuffer c1, ffi::AnyBuffer c2, ffi::AnyBuffer c3,
                            ffi::AnyBuffer c4, ffi::Result<ffi::Buffer<ffi::F32>> y,
-                           int32_t kind, int32_t transposed, int64_t n_out, int64_t group) {
+                           int32_t kind, int32_t transposed, int64_t n_out, int64_t group,
+                           ffi::Span<const int64_t> offsets) {
   if (kind < 0 || kind >= pagedjax_blocks::kNumKinds)
     return ffi::Error::InvalidArgument("cpu_blockmatmul: unknown block kind");
   int64_t M, K;
@@ -597,14 +598,18 @@ ffi::Error BlockMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::A
                                        "a multiple of the block");
   if (kind == pagedjax_blocks::kI4 && (group <= 0 || group % 32 || K % group))
     return ffi::Error::InvalidArgument("cpu_blockmatmul: int4 groups must be 32k rows dividing K");
-  // Every component must hold exactly its share of the K x N values (blocks.h).
+  // Every component holds exactly its share of the K x N values (blocks.h), or, at a
+  // byte offset >= 0, lies within a buffer of packed weights (kernels_pallas/packed.py).
   const ffi::AnyBuffer* cs[5] = {&c0, &c1, &c2, &c3, &c4};
+  if (offsets.size() != 5)
+    return ffi::Error::InvalidArgument("cpu_blockmatmul: expected 5 component offsets");
   Comps comps{kind, {}, group};
   for (int i = 0; i < pagedjax_blocks::kNumComps[kind]; ++i) {
     const int64_t want = K / pagedjax_blocks::div_of(comps, i) * N * pagedjax_blocks::kSize[kind][i];
-    if (int64_t(cs[i]->size_bytes()) != want)
+    const int64_t size = int64_t(cs[i]->size_bytes()), off = offsets[i];
+    if (off < 0 ? size != want : off > size - want)
       return ffi::Error::InvalidArgument("cpu_blockmatmul: a component's size does not match");
-    comps.c[i] = static_cast<const uint8_t*>(cs[i]->untyped_data());
+    comps.c[i] = static_cast<const uint8_t*>(cs[i]->untyped_data()) + (off < 0 ? 0 : off);
   }
   if (pagedjax_matmul_ffi::empty_product(M, K, N, y->typed_data())) return ffi::Error::Success();
   auto work = make_work(x.typed_data(), comps, y->typed_data(), M, K, N, transposed != 0);
@@ -701,4 +706,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PagedjaxBlockMatmul, BlockMatmulImpl,
                                   .Attr<int32_t>("kind")
                                   .Attr<int32_t>("transposed")
                                   .Attr<int64_t>("n_out")
-                                  .Attr<int64_t>("group"));
+                                  .Attr<int64_t>("group")
+                                  .Attr<ffi::Span<const int64_t>>("offsets"));

@@ -143,19 +143,32 @@ _PATH_TARGETS: dict[str, object] = {}
 
 
 def blockmatmul(kind: str, comps: dict, x: jax.Array, *, transposed: bool = False,
-                target: str | None = None) -> jax.Array:
+                target: str | None = None,
+                packed: tuple[jax.Array, dict[str, int]] | None = None) -> jax.Array:
     """``x [M, K] @ W [K, N]`` (``transposed``: ``x @ W[N, K].T``) -> f32 [M, N], W given
     by its models/quant.py components. x must be float32; shapes or dtypes that do not
     fit raise ValueError, and RuntimeError says why when the kernel is not built.
-    ``target``: another build's (:func:`build_target`)."""
+    ``target``: another build's (:func:`build_target`). ``packed``: (buffer, each
+    component's byte offset in it) when the components are views of one buffer of
+    packed weights (kernels_pallas/packed.py ``sources``): the kernel then reads that
+    buffer in place."""
     k, n = _check(kind, comps, x, transposed)
     if target is None and not available():
         raise RuntimeError(f"the C++ block matmul is unavailable: {unavailable_reason()}")
     base, group = split_kind(kind)
     code, names, _ = KINDS[base]
-    args = [comps[c] for c in names]
-    args += [jnp.zeros((1,), jnp.uint8)] * (5 - len(args))
+    if packed is None:
+        args, offsets = [comps[c] for c in names], [-1] * len(names)
+    else:
+        buffer, at = packed
+        if buffer.ndim != 1 or buffer.dtype != jnp.dtype(jnp.uint8):
+            raise ValueError(f"blockmatmul: a packed buffer is u8[size], got {buffer.dtype} "
+                             f"{buffer.shape}")
+        args, offsets = [buffer] * len(names), [int(at[c]) for c in names]
+    pad = 5 - len(names)
+    args += [jnp.zeros((1,), jnp.uint8)] * pad
     call = jax.ffi.ffi_call(target or TARGET, jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32),
                             vmap_method="sequential")
     return call(x, *args, kind=np.int32(code), transposed=np.int32(transposed),
-                n_out=np.int64(n), group=np.int64(group))
+                n_out=np.int64(n), group=np.int64(group),
+                offsets=np.array(offsets + [-1] * pad, np.int64))
