@@ -82,6 +82,7 @@ class LLMEngine:
                              plan=make_plan(self.config.attention_backend, self.mesh,
                                             args.enable_expert_parallel, self._layer_map()),
                              lora_slot=self.lora.slot_of if self.lora is not None else None)
+        self.params = self.runner.params  # (packed weights: the loaded arrays are let go)
         self._make_core(args)
         self.processor = OutputProcessor(self.tokenizer)
         self.grammars = GrammarCompiler(self.tokenizer, self.info.vocab_size, self.eos_token_ids)

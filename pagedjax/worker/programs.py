@@ -28,7 +28,7 @@ def model_compile_job(runner, rows, sample_rows: Sequence[SampleRow]):
     batch, st, sample_index, num_logprobs, prompt_k, shape = runner.prepare(
         rows, sample_rows, {}, {}, None, None)
     bbufs, bspec = pack(batch)
-    args = (runner.param_leaves, runner.kv_caches, bbufs, runner.no_tokens)
+    args = (runner.param_args, runner.kv_caches, bbufs, runner.no_tokens)
     if runner.images is not None:  # as the runner's step passes them
         args += (runner.images.step_inputs((), len(batch.token_ids)),)
     kw = dict(spec=bspec, plan=runner.plan, prompt_k=prompt_k)

@@ -47,7 +47,8 @@ from pagedjax.worker.inputs import (
     row_range,
 )
 from pagedjax.worker.packing import PackSpec, pack, unpack
-from pagedjax.worker import program_store
+from pagedjax.worker import param_pack, program_store
+from pagedjax.worker.param_pack import ParamPack
 from pagedjax.worker.plan import CompileCounter
 from pagedjax.worker.step_result import Launched, ModelLaunched, StepResult  # noqa: F401
 from pagedjax.utils import cdiv
@@ -64,8 +65,6 @@ class Runner:
                  max_num_batched_tokens: int, max_model_len: int, plan: ExecutionPlan,
                  sample_backend: str | None = None, lora_slot=None):
         self.model = model
-        self._param_tree = None
-        self.params = params  # (the setter: param_leaves)
         self.kv_caches = kv_caches
         self.page_size = page_size
         self.max_num_seqs = max_num_seqs
@@ -75,6 +74,9 @@ class Runner:
                                plan.attn_backend)
         self.max_model_len = max_model_len
         self.plan = plan
+        self._param_tree = None
+        self._pack = None
+        self.params = params  # (the setter: param_args)
         self.attn_backend = plan.attn_backend
         self.vocab_size = model.info.vocab_size
         self.mesh = plan.mesh
@@ -117,7 +119,8 @@ class Runner:
         # Kept whole on disk on the CPU (program_store.py): a warm
         # start then neither traces nor lowers. Besides its arguments, the step depends
         # on the model; the sampler also on s_max (its tokens' width).
-        model_fp = program_store.model_fingerprint(model)
+        # (the pack's layout: fixed by the tree, the model and the plan)
+        model_fp = (program_store.model_fingerprint(model), self._pack.key)
         stored = program_store.spans_local_devices(self.mesh.size if self.mesh else 1)
         self.step_program = program_store.StoredJit(
             jax.jit(self._step_impl, static_argnames=("spec", "plan", "prompt_k", "pool"),
@@ -155,21 +158,37 @@ class Runner:
         if self._param_tree is not None and tree != self._param_tree:
             raise ValueError("the runner's parameters changed structure; the compiled step "
                              "programs take the old one (set arrays of the same tree)")
+        if self._pack is None or not self._pack.holds(leaves):
+            # The step program's first argument: a flat tuple, most weights packed in one
+            # buffer on the CPU (param_pack.py: jit's dispatch costs time per argument).
+            self._pack = ParamPack(leaves, self._pack_select(params))
+            leaves = self._pack.leaves
+            params = jax.tree_util.tree_unflatten(tree, leaves)
         self._params, self._param_tree = params, tree
-        # The step program's first argument: a flat tuple costs jit's dispatch about
-        # two thirds of the nested dict's (no dict walks, no key sorting), every step.
-        self.param_leaves = tuple(leaves)
+        self.param_args = self._pack.args_of(leaves)
+
+    def _pack_select(self, params) -> list[bool]:
+        """Which weights to pack: on the CPU with one device only (param_pack.py)."""
+        if self.plan.mesh is not None or jax.devices()[0].platform != "cpu":
+            return []
+        blocks = self.plan.block_matmul_rows >= self.buckets.t_buckets()[-1]
+        return param_pack.select(self.model, params, blocks)
 
     # ------------------------------------------------------------------ device
-    def _step_impl(self, param_leaves, kv_caches, bufs, prev_tokens, mm=None, *, spec: PackSpec,
+    def _step_impl(self, param_args, kv_caches, bufs, prev_tokens, mm=None, *, spec: PackSpec,
                    plan: ExecutionPlan, prompt_k, pool: bool = False):
         """The model part of a step: forward + logits of the rows to sample.
 
-        param_leaves: ``params``' leaves (``param_leaves``); bufs: the packed
+        param_args: the weights as ``param_args`` (param_pack.py); bufs: the packed
         BatchInputs (see packing.py); prev_tokens i32[S_MAX]: the previous step's
         sampled tokens (the placeholder source).
         """
-        params = jax.tree_util.tree_unflatten(self._param_tree, param_leaves)
+        with self._pack.unpacked(param_args) as leaves:  # the whole trace, inside
+            params = jax.tree_util.tree_unflatten(self._param_tree, leaves)
+            return self._step_body(params, kv_caches, bufs, prev_tokens, mm, spec, plan,
+                                   prompt_k, pool)
+
+    def _step_body(self, params, kv_caches, bufs, prev_tokens, mm, spec, plan, prompt_k, pool):
         batch: BatchInputs = unpack(bufs, spec)
         src = batch.token_src
         token_ids = jnp.where(src >= 0, prev_tokens[jnp.maximum(src, 0)], batch.token_ids)
@@ -375,7 +394,7 @@ class Runner:
         t0, c0 = time.perf_counter(), time.thread_time()
         extra = () if mm is None else (mm,)  # text steps: the warmed-up program's signature
         logits, plp, self.kv_caches = self.step_program(
-            self.param_leaves, self.kv_caches, bbufs, prev_tokens, *extra, spec=bspec,
+            self.param_args, self.kv_caches, bbufs, prev_tokens, *extra, spec=bspec,
             plan=self.plan, prompt_k=prompt_k, **({"pool": True} if pool else {}))
         self.dispatch_seconds += time.perf_counter() - t0
         self.dispatch_cpu_seconds += time.thread_time() - c0

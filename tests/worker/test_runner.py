@@ -105,12 +105,12 @@ def test_params_keep_their_structure(tiny_llama_dir, smollm2_gguf):
     sp = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     before = llm.generate([[5, 17, 300]], sp, use_tqdm=False)[0].outputs[0].token_ids
     runner.params = jax.tree_util.tree_map(lambda a: a * 0, runner.params)
-    assert all(not np.asarray(a).any() for a in runner.param_leaves)
+    assert all(not np.asarray(a).any() for a in runner.param_args)
     assert llm.generate([[5, 17, 300]], sp, use_tqdm=False)[0].outputs[0].token_ids != before
     runner.params = jax.tree_util.tree_map(lambda a: a, llm.llm_engine.params)
     assert llm.generate([[5, 17, 300]], sp, use_tqdm=False)[0].outputs[0].token_ids == before
     with pytest.raises(ValueError, match="changed structure"):
-        runner.params = {"other": runner.param_leaves[0]}
+        runner.params = {"other": runner.param_args[0]}
 
 
 def _reference_prepare(rows, ps, t, s, p, token_src):
