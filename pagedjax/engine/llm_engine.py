@@ -81,8 +81,9 @@ class LLMEngine:
                              max_model_len=self.config.max_model_len,
                              plan=make_plan(self.config.attention_backend, self.mesh,
                                             args.enable_expert_parallel, self._layer_map()),
-                             lora_slot=self.lora.slot_of if self.lora is not None else None)
-        self.params = self.runner.params  # (packed weights: the loaded arrays are let go)
+                             lora_slot=self.lora.slot_of if self.lora is not None else None,
+                             release_params=True)
+        self.params = self.runner.params  # (packed weights: the loaded arrays are freed)
         self._make_core(args)
         self.processor = OutputProcessor(self.tokenizer)
         self.grammars = GrammarCompiler(self.tokenizer, self.info.vocab_size, self.eos_token_ids)

@@ -14,16 +14,18 @@ the CPU with one device, the runner therefore packs into one 64-byte aligned
   through their views, fused.
 
 The buffer and each packed weight are zero-copy arrays over the same host memory
-(``jax.device_put(..., may_alias=True)``), so the runner's ``params`` still hold an array per weight and the
-weights take no extra memory. The step program takes ``args`` (the buffer, then
-the other weights) and rebuilds the whole tree inside its trace
-(:meth:`ParamPack.unpacked`). Anywhere else (several devices, an accelerator),
-nothing is packed and ``args`` are the weights themselves.
+(``jax.device_put(..., may_alias=True)``), so the runner's ``params`` still hold
+an array per weight and the weights take no extra memory; the engine hands its
+loaded weights over, and each is freed as soon as it is copied. The step program
+takes ``args`` (the buffer, then the other weights) and rebuilds the whole tree
+inside its trace (:meth:`ParamPack.unpacked`). Anywhere else (several devices, an
+accelerator), nothing is packed and ``args`` are the weights themselves.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 from collections.abc import Iterator, Sequence
 
@@ -33,6 +35,7 @@ import numpy as np
 from pagedjax.kernels_pallas import packed
 
 SMALL_BYTES = 1 << 20  # a 1-D weight up to this size is packed whatever reads it
+TRIM_BYTES = 16 << 20  # with release: the freed heap is given back every this many bytes
 # dtypes a host buffer can hand to JAX without a copy
 PLAIN_DTYPES = frozenset(np.dtype(t) for t in ("uint8", "int8", "uint16", "int16", "float16",
                                                "uint32", "int32", "float32"))
@@ -46,9 +49,13 @@ def small(leaf) -> bool:
 
 class ParamPack:
     """Weights (``leaves``, in tree order), those at ``select`` packed into one buffer
-    when that buffer and its views can share host memory; else none packed."""
+    when that buffer and its views can share host memory; else none packed.
+    ``release``: the caller hands the weights over, and each packed one is freed as
+    soon as it is copied (the load's peak memory then grows by a few dozen MB, not by
+    the packed weights)."""
 
-    def __init__(self, leaves: Sequence[jax.Array], select: Sequence[bool] = ()):
+    def __init__(self, leaves: Sequence[jax.Array], select: Sequence[bool] = (),
+                 release: bool = False):
         leaves = list(leaves)
         at = [i for i, s in enumerate(select) if s and np.dtype(leaves[i].dtype) in PLAIN_DTYPES
               and leaves[i].size > 0]
@@ -57,11 +64,22 @@ class ParamPack:
         self.buffer = None
         if len(at) > 1:
             entries, size = packed.layout([leaves[i] for i in at])
-            views = _share([np.asarray(leaves[i]) for i in at], entries, size)
-            if views is not None:
-                self.buffer, views = views
-                for i, v in zip(at, views):
+            shared = _share(entries, size)
+            if shared is not None:
+                self.buffer, host, views = shared
+                copied = 0
+                for i, e, v in zip(at, entries, views):
+                    host[e.offset:e.offset + e.nbytes] = \
+                        np.ascontiguousarray(leaves[i]).reshape(-1).view(np.uint8)
+                    if release and isinstance(leaves[i], jax.Array):
+                        leaves[i].delete()
+                        copied += e.nbytes
+                        if copied >= TRIM_BYTES:  # give the freed memory back as we go
+                            copied = 0
+                            _trim()
                     leaves[i] = v
+                if release:
+                    _trim()
                 self.entries, self.at = entries, tuple(at)
         self.leaves = tuple(leaves)
         self.args = self.args_of(self.leaves)  # the step program's parameter arguments
@@ -100,14 +118,12 @@ class ParamPack:
             yield out
 
 
-def _share(arrays: list[np.ndarray], entries: list[packed.Entry], size: int):
-    """One aligned host buffer holding ``arrays`` at ``entries``: (the buffer as a JAX
-    array, each array's JAX view of it), or None where JAX would copy them."""
+def _share(entries: list[packed.Entry], size: int):
+    """One aligned host buffer for ``entries``, to be filled: (the buffer as a JAX array,
+    the host array, each entry's JAX view of it), or None where JAX would copy them."""
     raw = np.empty(size + packed.ALIGN, np.uint8)
     start = (-raw.ctypes.data) % packed.ALIGN
     host = raw[start:start + size]
-    for a, e in zip(arrays, entries):
-        host[e.offset:e.offset + e.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
     # Aliased, not copied (checked below), and uncommitted like the loaded weights (a
     # committed one would make the programs it feeds compile again for committed inputs).
     buffer = jax.device_put(host, may_alias=True)
@@ -117,7 +133,16 @@ def _share(arrays: list[np.ndarray], entries: list[packed.Entry], size: int):
     if buffer.unsafe_buffer_pointer() != base or any(
             v.unsafe_buffer_pointer() != base + e.offset for v, e in zip(views, entries)):
         return None
-    return buffer, views
+    return buffer, host, views
+
+
+def _trim() -> None:
+    """Return the C heap's free pages to the OS (glibc; elsewhere nothing): the freed
+    weights would otherwise stay in the process's resident memory."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def select(model, params, blocks: bool) -> list[bool]:

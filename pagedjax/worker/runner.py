@@ -63,7 +63,9 @@ class Runner:
 
     def __init__(self, model, params, kv_caches, *, page_size: int, max_num_seqs: int,
                  max_num_batched_tokens: int, max_model_len: int, plan: ExecutionPlan,
-                 sample_backend: str | None = None, lora_slot=None):
+                 sample_backend: str | None = None, lora_slot=None, release_params: bool = False):
+        """``release_params``: the caller hands ``params`` over (packed weights are freed
+        as they are copied: param_pack.py); it then uses ``runner.params``."""
         self.model = model
         self.kv_caches = kv_caches
         self.page_size = page_size
@@ -76,7 +78,9 @@ class Runner:
         self.plan = plan
         self._param_tree = None
         self._pack = None
+        self._release = release_params  # (the first pack only: later sets keep theirs)
         self.params = params  # (the setter: param_args)
+        self._release = False
         self.attn_backend = plan.attn_backend
         self.vocab_size = model.info.vocab_size
         self.mesh = plan.mesh
@@ -161,7 +165,7 @@ class Runner:
         if self._pack is None or not self._pack.holds(leaves):
             # The step program's first argument: a flat tuple, most weights packed in one
             # buffer on the CPU (param_pack.py: jit's dispatch costs time per argument).
-            self._pack = ParamPack(leaves, self._pack_select(params))
+            self._pack = ParamPack(leaves, self._pack_select(params), release=self._release)
             leaves = self._pack.leaves
             params = jax.tree_util.tree_unflatten(tree, leaves)
         self._params, self._param_tree = params, tree

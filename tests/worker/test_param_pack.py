@@ -6,7 +6,8 @@
 * Its greedy tokens and logprobs are bit for bit those of the same engine with nothing
   packed: the kernels read the same bytes.
 * A pack keeps serving weights that keep its arrays where it packed (a LoRA write
-  replaces others); the trace rebuilds every leaf in tree order.
+  replaces others); the trace rebuilds every leaf in tree order. Weights handed over
+  are freed as they are copied (the load's peak memory).
 """
 
 from __future__ import annotations
@@ -81,3 +82,10 @@ def test_a_pack_serves_the_weights_it_packed():
 
     nothing = ParamPack(leaves, [False, False, False, False])
     assert nothing.args == tuple(leaves) and nothing.buffer is None
+
+    # Handed over: each packed weight is freed once copied, the others are kept.
+    values = [np.asarray(a).copy() for a in leaves]
+    given = ParamPack(leaves, [True, True, False, True], release=True)
+    assert [a.is_deleted() for a in leaves] == [True, True, False, True]
+    for a, b in zip(given.leaves, values):
+        np.testing.assert_array_equal(np.asarray(a), b)
