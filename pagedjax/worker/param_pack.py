@@ -156,8 +156,9 @@ def select(model, params, blocks: bool) -> list[bool]:
 
     block_paths = set()
     quantized = getattr(model, "quantized", {})
-    if blocks and any(Q.block_kernel_kind(k) for k in quantized.values()):
-        nodes = dict(nnx.iter_graph(model.abstract))
+    abstract = getattr(model, "abstract", None)  # (CausalLM's module, shapes only)
+    if blocks and abstract is not None and any(Q.block_kernel_kind(k) for k in quantized.values()):
+        nodes = dict(nnx.iter_graph(abstract))
         block_paths = {tuple(path) for path, kind in quantized.items()
                        if Q.block_kernel_kind(kind)
                        and isinstance(nodes.get(tuple(path[:-1])), nn.Linear)}
