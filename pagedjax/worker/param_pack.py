@@ -24,6 +24,7 @@ accelerator), nothing is packed and ``args`` are the weights themselves.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import hashlib
@@ -68,10 +69,11 @@ class ParamPack:
             if shared is not None:
                 self.buffer, host, views = shared
                 copied = 0
+                counts = collections.Counter(map(id, leaves))  # an array at two places stays
                 for i, e, v in zip(at, entries, views):
                     host[e.offset:e.offset + e.nbytes] = \
                         np.ascontiguousarray(leaves[i]).reshape(-1).view(np.uint8)
-                    if release and isinstance(leaves[i], jax.Array):
+                    if release and isinstance(leaves[i], jax.Array) and counts[id(leaves[i])] == 1:
                         leaves[i].delete()
                         copied += e.nbytes
                         if copied >= TRIM_BYTES:  # give the freed memory back as we go

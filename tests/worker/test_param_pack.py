@@ -83,9 +83,11 @@ def test_a_pack_serves_the_weights_it_packed():
     nothing = ParamPack(leaves, [False, False, False, False])
     assert nothing.args == tuple(leaves) and nothing.buffer is None
 
-    # Handed over: each packed weight is freed once copied, the others are kept.
+    # Handed over: each packed weight is freed once copied, the others are kept, and so is
+    # an array found at two places of the tree.
+    leaves.append(leaves[3])
     values = [np.asarray(a).copy() for a in leaves]
-    given = ParamPack(leaves, [True, True, False, True], release=True)
-    assert [a.is_deleted() for a in leaves] == [True, True, False, True]
+    given = ParamPack(leaves, [True, True, False, True, False], release=True)
+    assert [a.is_deleted() for a in leaves] == [True, True, False, False, False]
     for a, b in zip(given.leaves, values):
         np.testing.assert_array_equal(np.asarray(a), b)
