@@ -136,6 +136,33 @@ def test_quant_kernel_choice_rule(tmp_path, monkeypatch):
         quant_rows.decide("int8", so, None)
 
 
+def test_a_count_over_the_tie_is_measured_again():
+    """Where the block kernel looks slower than float32 beyond the tie, ``measure`` runs
+    ``confirm`` more series of that count before choosing (the paths' calls counted)."""
+    from pagedjax.kernels_pallas.cpu import blockmatmul, quant_rows
+    from pagedjax.models import quant as Q
+
+    if not blockmatmul.available():
+        pytest.skip(f"the C++ block matmul is unavailable: {blockmatmul.unavailable_reason()}")
+    calls = []
+
+    def instant(x, w):  # "float32" that does nothing: the kernel loses by far
+        jax.debug.callback(lambda: calls.append(1))
+        return jnp.zeros((x.shape[0], w.shape[1]), x.dtype)
+
+    def dequantize(kind, c):
+        return Q.dequantize(kind, c, 0, jnp.float32)
+
+    shapes = ((4096, 2048),)  # a kernel call far slower than the callback
+    for confirm, series in ((0, 1), (2, 3)):
+        calls.clear()
+        out = quant_rows.measure("block", dequantize, lambda k, x, c: x[:, :32], instant,
+                                 rows=(1,), reps=2, shapes=shapes, confirm=confirm)
+        assert out[1]["cpp"] > quant_rows.TIE * out[1]["float"]
+        jax.effects_barrier()
+        assert len(calls) == 1 + 2 * series  # the warm-up call, then reps a series
+
+
 _PARITY = r"""
 import json, sys
 from pagedjax import LLM, SamplingParams
