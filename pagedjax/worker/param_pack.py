@@ -128,9 +128,12 @@ def _share(entries: list[packed.Entry], size: int):
     host = raw[start:start + size]
     # Aliased, not copied (checked below), and uncommitted like the loaded weights (a
     # committed one would make the programs it feeds compile again for committed inputs).
-    buffer = jax.device_put(host, may_alias=True)
-    views = [jax.device_put(host[e.offset:e.offset + e.nbytes].view(e.dtype).reshape(e.shape),
-                            may_alias=True) for e in entries]
+    try:
+        buffer = jax.device_put(host, may_alias=True)
+        views = [jax.device_put(host[e.offset:e.offset + e.nbytes].view(e.dtype)
+                                .reshape(e.shape), may_alias=True) for e in entries]
+    except TypeError:  # a JAX without device_put's may_alias: nothing is packed
+        return None
     base = host.ctypes.data
     if buffer.unsafe_buffer_pointer() != base or any(
             v.unsafe_buffer_pointer() != base + e.offset for v, e in zip(views, entries)):
