@@ -45,25 +45,27 @@ class Entry:
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
 
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
 def layout(arrays: Sequence) -> tuple[list[Entry], int]:
     """Each array's entry, in order, each aligned to ``ALIGN`` bytes; and the buffer's size."""
     entries, end = [], 0
     for a in arrays:
-        offset = -(-end // ALIGN) * ALIGN
-        e = Entry(offset, tuple(int(s) for s in a.shape), np.dtype(a.dtype))
+        e = Entry(_aligned(end), tuple(int(s) for s in a.shape), np.dtype(a.dtype))
         entries.append(e)
-        end = offset + e.nbytes
-    return entries, max(-(-end // ALIGN) * ALIGN, ALIGN)
+        end = e.offset + e.nbytes
+    return entries, max(_aligned(end), ALIGN)
 
 
 def view(buffer: jax.Array, e: Entry) -> jax.Array:
     """The weight of entry ``e`` cut out of ``buffer`` (u8[size]), as an array of its own."""
     raw = lax.slice(buffer, (e.offset,), (e.offset + e.nbytes,))
     size = e.dtype.itemsize
-    if size == 1:
-        return raw.reshape(e.shape) if e.dtype == np.uint8 else \
-            lax.bitcast_convert_type(raw, e.dtype).reshape(e.shape)
-    return lax.bitcast_convert_type(raw.reshape(e.nbytes // size, size), e.dtype).reshape(e.shape)
+    if size > 1:  # (bitcast_convert_type takes a wider type's bytes on a last axis)
+        raw = raw.reshape(e.nbytes // size, size)
+    return lax.bitcast_convert_type(raw, e.dtype).reshape(e.shape)
 
 
 @contextlib.contextmanager
@@ -90,8 +92,10 @@ def sources(arrays: Mapping[str, jax.Array]) -> tuple[jax.Array, dict[str, int]]
     table = getattr(_local, "table", None)
     if not table:
         return None
+    # (an id found is this array's: the table keeps its views alive, so no other
+    # object can have their ids while it is open)
     found = {name: table.get(id(a)) for name, a in arrays.items()}
-    if any(f is None or f[0] is not arrays[n] for n, f in found.items()):
+    if any(f is None for f in found.values()):
         return None
     buffers = {id(f[1]) for f in found.values()}
     if len(buffers) != 1:

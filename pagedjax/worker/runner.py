@@ -78,9 +78,7 @@ class Runner:
         self.plan = plan
         self._param_tree = None
         self._pack = None
-        self._release = release_params  # (the first pack only: later sets keep theirs)
-        self.params = params  # (the setter: param_args)
-        self._release = False
+        self._set_params(params, release=release_params)
         self.attn_backend = plan.attn_backend
         self.vocab_size = model.info.vocab_size
         self.mesh = plan.mesh
@@ -158,6 +156,11 @@ class Runner:
 
     @params.setter
     def params(self, params: dict) -> None:
+        self._set_params(params)
+
+    def _set_params(self, params: dict, release: bool = False) -> None:
+        """``params`` and the step's ``param_args``; ``release``: packed weights are freed
+        as they are copied (param_pack.py)."""
         leaves, tree = jax.tree_util.tree_flatten(params)
         if self._param_tree is not None and tree != self._param_tree:
             raise ValueError("the runner's parameters changed structure; the compiled step "
@@ -165,7 +168,7 @@ class Runner:
         if self._pack is None or not self._pack.holds(leaves):
             # The step program's first argument: a flat tuple, most weights packed in one
             # buffer on the CPU (param_pack.py: jit's dispatch costs time per argument).
-            self._pack = ParamPack(leaves, self._pack_select(params), release=self._release)
+            self._pack = ParamPack(leaves, self._pack_select(params), release=release)
             leaves = self._pack.leaves
             params = jax.tree_util.tree_unflatten(tree, leaves)
         self._params, self._param_tree = params, tree
@@ -173,7 +176,7 @@ class Runner:
 
     def _pack_select(self, params) -> list[bool]:
         """Which weights to pack: on the CPU with one device only (param_pack.py)."""
-        if self.plan.mesh is not None or jax.devices()[0].platform != "cpu":
+        if self.plan.mesh is not None or jax.default_backend() != "cpu":
             return []
         blocks = self.plan.block_matmul_rows >= self.buckets.t_buckets()[-1]
         return param_pack.select(self.model, params, blocks)

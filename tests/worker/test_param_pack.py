@@ -2,7 +2,9 @@
 
 * On the default model (GGUF blocks), the step program takes a handful of arguments,
   not hundreds: the Linear layers' block components and the norms lie in one buffer,
-  and the engine's weights are views of that buffer (no second copy).
+  the engine's weights are views of that buffer (no second copy), and the step's
+  trace hands the block kernel that buffer for each of the 4 projections of every
+  layer.
 * Its greedy tokens and logprobs are bit for bit those of the same engine with nothing
   packed: the kernels read the same bytes.
 * A pack keeps serving weights that keep its arrays where it packed (a LoRA write
@@ -44,16 +46,43 @@ def test_default_model_steps_take_one_buffer_and_match_the_unpacked_engine(
     assert buffer.dtype == jnp.uint8 and buffer.ndim == 1
     layer_leaves = [a for p, a in leaves if "layers" in jax.tree_util.keystr(p)]
     assert all(_pointer_in(a, buffer) for a in layer_leaves)  # views, not copies
+    assert _found_in_place(runner, monkeypatch) == 4 * llm.llm_engine.info.num_layers
     packed = [o.outputs[0] for o in llm.generate(PROMPTS, sp, use_tqdm=False)]
     del llm, runner, buffer, leaves, layer_leaves
 
     monkeypatch.setattr(runner_mod.Runner, "_pack_select", lambda self, params: [])
     plain_llm = LLM(smollm2_gguf, **kw)
     assert len(plain_llm.llm_engine.runner.param_args) > 400
+    assert _found_in_place(plain_llm.llm_engine.runner, monkeypatch) == 0
     plain = [o.outputs[0] for o in plain_llm.generate(PROMPTS, sp, use_tqdm=False)]
     for a, b in zip(packed, plain):
         assert a.token_ids == b.token_ids
         assert a.cumulative_logprob == b.cumulative_logprob
+
+
+def _found_in_place(runner, monkeypatch) -> int:
+    """How many block-kernel calls a fresh trace of the one-row decode step hands the
+    packed buffer (kernels_pallas/packed.py ``sources``) rather than a copied slice."""
+    from pagedjax.kernels_pallas import packed as packed_mod
+    from pagedjax.sample.sampler import RowState
+    from pagedjax.worker import warmup
+    from pagedjax.worker.inputs import SampleRow
+    from pagedjax.worker.packing import pack
+
+    found = []
+    real = packed_mod.sources
+    monkeypatch.setattr(packed_mod, "sources", lambda a: found.append(real(a)) or found[-1])
+    rows = warmup.dummy_rows(runner.buckets, 1, 1, 1, True)
+    srows = [SampleRow(rows[0].request_id, 0, RowState(SamplingParams(temperature=0.0), [0],
+                                                        []), None)]
+    batch = runner.prepare(rows, srows, {}, {}, None, None)[0]
+    bufs, spec = pack(batch)
+    step = jax.jit(lambda *a, **k: runner._step_impl(*a, **k),  # (a fresh trace)
+                   static_argnames=("spec", "plan", "prompt_k"))
+    step.lower(runner.param_args, runner.kv_caches, bufs, runner.no_tokens, spec=spec,
+               plan=runner.plan, prompt_k=None)
+    monkeypatch.setattr(packed_mod, "sources", real)
+    return sum(f is not None for f in found)
 
 
 def test_a_pack_serves_the_weights_it_packed():
