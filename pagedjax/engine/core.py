@@ -393,8 +393,13 @@ class EngineCore:
                 continue
             rid, idx = root
             s = sampling.get(rid)
-            if s is not None and s.grammar is not None and not req.is_finished:
-                self._advance_grammar(s.grammar, req)
+            if s is not None and s.grammar is not None and not req.is_finished and \
+                    self._advance_grammar(s.grammar, req) == "conflict":
+                # sampled from an empty mask: not a token of the request's; only its end
+                out.updates.append(SeqUpdate(sid, rid, idx, [], finish_reason=req.finish_reason,
+                                             stop_reason=req.stop_reason))
+                self.seqs.forget(sid)
+                continue
             if spec is not None:
                 self._spec_updates(req, rid, idx, j, tokens[j], res, spec, out)
                 continue
@@ -413,18 +418,23 @@ class EngineCore:
             if req.finish_reason is not None:
                 self.seqs.forget(sid)
 
-    def _advance_grammar(self, grammar: Any, req: Request) -> None:
+    def _advance_grammar(self, grammar: Any, req: Request) -> str | None:
         """Feed a constrained sequence's new token to its matcher; a complete grammar
         finishes the sequence now ('stop'), a broken one ends it with 'error' (the
-        matcher's message as its stop_reason)."""
+        matcher's message as its stop_reason), and so does one whose allowed_token_ids
+        and grammar met no common token ('conflict' returned: its token is dropped)."""
         state = grammar.advance(req.request_id, req.output_token_ids)
         if state == "done":
             self.scheduler.finish_request(req.request_id, "stop")
+        elif state == "conflict":
+            self.scheduler.finish_request(req.request_id, "error",
+                                          grammar.error(req.request_id))
         elif state == "error":
             why = grammar.error(req.request_id) or "the grammar matcher failed"
             logger.warning("structured output of %s failed: %s", req.request_id, why)
             self.scheduler.finish_request(req.request_id, "error",
                                           f"structured output failed: {why}")
+        return state
 
     def _spec_updates(self, req: Request, rid: str, idx: int, j: int, tokens: list[int], res,
                       spec: dict, out: CoreOutput) -> None:

@@ -361,7 +361,8 @@ class LLMEngine:
         if beam:
             raise ValueError("structured_outputs cannot be combined with beam search")
         spec = params.structured_outputs
-        return GrammarState(self.grammars, self.grammars.compile(spec), spec.start_after)
+        return GrammarState(self.grammars, self.grammars.compile(spec), spec.start_after,
+                            params.allowed_token_ids)
 
     def abort_request(self, request_id: str | Sequence[str]) -> None:
         """Abort requests (all their sequences) at any time; their pages are freed at once."""

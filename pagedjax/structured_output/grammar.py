@@ -33,6 +33,12 @@ another token (``is_stopped``) the engine finishes the sequence with
 matcher that fails while generating (a lexer over its limits) ends its
 sequence with ``finish_reason="error"`` and the matcher's message as
 ``stop_reason``.
+
+With ``allowed_token_ids`` beside the grammar, the two may admit no common
+token. Before the first token that refuses the request (ValueError); later, a
+sequence whose next-token mask meets none of its allowed ids ends with
+``finish_reason="error"`` and a ``stop_reason`` that starts with
+:data:`CONFLICT` (the server answers 400: the request's constraints conflict).
 """
 
 from __future__ import annotations
@@ -56,6 +62,9 @@ MAX_ERROR_CHARS = 300
 # With a sandbox, the server compiles on a thread of this stack: 4x the compile
 # workers' (sandbox.SandboxLimits.stack_bytes), whatever the process's default.
 SERVER_STACK_BYTES = 32 << 20
+# How the stop_reason of a sequence starts when its allowed_token_ids and its grammar
+# left no common next token: the request's own constraints conflict (not an engine fault).
+CONFLICT = "allowed_token_ids and the structured output admit no common token"
 
 
 def call_with_stack(fn, stack_bytes: int):
@@ -315,14 +324,26 @@ class GrammarState:
     output; the grammar constrains the tokens after their first occurrence."""
 
     def __init__(self, compiler: GrammarCompiler, compiled: CompiledGrammar,
-                 start_after: Optional[Sequence[int]] = None):
+                 start_after: Optional[Sequence[int]] = None,
+                 allowed_token_ids: Optional[Sequence[int]] = None):
         self.compiler = compiler
         self.compiled = compiled
+        # u32[W] of allowed_token_ids (None: every id); a sequence whose grammar mask
+        # meets none of them is in conflict from that output position on.
+        self.allowed = None if allowed_token_ids is None else \
+            _bits(allowed_token_ids, compiler.num_words)
+        self._conflicts: dict[str, int] = {}  # seq id -> constrained outputs at the conflict
         self._matchers: dict[str, list] = {}  # seq id -> [matcher, tokens consumed]
         self._failures: dict[str, str] = {}  # seq id -> an exception's message
         self.start_after = list(start_after) if start_after else None
         self._start: dict[str, int] = {}  # seq id -> output index the grammar starts at
         self._scanned: dict[str, int] = {}  # seq id -> outputs searched for start_after
+        if self.allowed is not None and self.start_after is None:
+            first = compiled.first_mask & compiler.valid_mask
+            if not (first & self.allowed).any():
+                raise ValueError(f"{CONFLICT} for the first output token: "
+                                 f"{_some_ids(first)}; add one of them to allowed_token_ids "
+                                 "or change the structured output")
 
     def _offset(self, seq_id: str, output_ids: Sequence[int]) -> Optional[int]:
         """Where the constrained part of the output begins; None while still free."""
@@ -366,7 +387,18 @@ class GrammarState:
         return m
 
     def mask(self, seq_id: str, output_ids: Sequence[int], fork: bool = False) -> np.ndarray:
-        """Next-token mask of a sequence (``fork``: a new n > 1 sample, no outputs yet)."""
+        """Next-token mask of a sequence (``fork``: a new n > 1 sample, no outputs yet).
+        A mask that meets none of ``allowed_token_ids`` marks the sequence in conflict
+        (its next token ends it: :meth:`advance`)."""
+        m = self._mask(seq_id, output_ids, fork)
+        if self.allowed is not None and not fork:
+            if (m & self.allowed).any():
+                self._conflicts.pop(seq_id, None)
+            else:
+                self._conflicts[seq_id] = len(output_ids)
+        return m
+
+    def _mask(self, seq_id: str, output_ids: Sequence[int], fork: bool) -> np.ndarray:
         if fork:
             return self.compiler.valid_mask if self.start_after else self.compiled.first_mask
         off = self._offset(seq_id, output_ids)
@@ -379,7 +411,15 @@ class GrammarState:
 
     def advance(self, seq_id: str, output_ids: Sequence[int]) -> Optional[str]:
         """Consume the sequence's new tokens. Returns None while it may go on,
-        'done' when the grammar is complete, 'error' if a token broke it."""
+        'done' when the grammar is complete, 'error' if a token broke it, 'conflict'
+        if its last token was sampled where allowed_token_ids and the grammar had no
+        common token (that token is not the grammar's: drop it)."""
+        at = self._conflicts.get(seq_id)
+        if at is not None and len(output_ids) > at:
+            grammar_ids = self.mask(seq_id, output_ids[:at])
+            self._failures[seq_id] = (f"{CONFLICT} after {at} output token{'s' * (at != 1)}: "
+                                      f"{_some_ids(grammar_ids)}")
+            return "conflict"
         off = self._offset(seq_id, output_ids)
         if off is None:
             return None
@@ -406,3 +446,18 @@ class GrammarState:
         self._failures.pop(seq_id, None)
         self._start.pop(seq_id, None)
         self._scanned.pop(seq_id, None)
+        self._conflicts.pop(seq_id, None)
+
+
+def _bits(ids: Sequence[int], num_words: int) -> np.ndarray:
+    """u32[num_words] with the bits of ``ids`` set (the sampler's packing)."""
+    bits = np.zeros(num_words * 32, np.uint8)
+    bits[np.asarray(ids, np.int64)] = 1
+    return np.packbits(bits, bitorder="little").view("<u4").copy()
+
+
+def _some_ids(mask: np.ndarray, show: int = 8) -> str:
+    """'the grammar allows N tokens here, e.g. ids [..]' of a packed mask."""
+    ids = np.flatnonzero(np.unpackbits(mask.view(np.uint8), bitorder="little"))
+    head = ", ".join(map(str, ids[:show])) + (", ..." if len(ids) > show else "")
+    return f"the grammar allows {len(ids)} token{'s' * (len(ids) != 1)} there (ids {head})"

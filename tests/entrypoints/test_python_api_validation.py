@@ -181,3 +181,30 @@ def test_grammar_failing_mid_generation_ends_with_error(apis):
     assert str(out.stop_reason).startswith("structured output failed: ") and "lexer" in \
         out.stop_reason and "\n" not in out.stop_reason
     assert engine.pool_stats().used == 0 and not engine.has_unfinished_requests()
+
+
+def test_allowed_ids_conflicting_with_the_grammar(apis):
+    """allowed_token_ids and a grammar with no common first token: ValueError at the
+    call, naming the token the grammar wants, nothing queued. With no common token
+    later, the sequence ends with finish_reason 'error', a stop_reason that says so,
+    without the token sampled from the empty mask, and its pages freed."""
+    llm = apis[0]
+    engine = llm.llm_engine
+    ids = llm.get_tokenizer().encode("Hello, world", add_special_tokens=False)
+    regex = StructuredOutputsParams(regex="Hello, world")
+    with pytest.raises(ValueError, match=f"admit no common token for the first output token.*"
+                                         f"ids {ids[0]}\\)"):
+        llm.generate("Say", SP(temperature=0.0, max_tokens=8, allowed_token_ids=ids[1:2],
+                               structured_outputs=regex), use_tqdm=False)
+    assert not engine.has_unfinished_requests()
+    out = llm.generate("Say", SP(temperature=0.0, max_tokens=8, allowed_token_ids=ids[:1],
+                                 structured_outputs=regex), use_tqdm=False)[0].outputs[0]
+    assert out.finish_reason == "error" and out.token_ids == ids[:1], out
+    assert out.stop_reason.startswith("allowed_token_ids and the structured output admit no "
+                                      f"common token after 1 output token: ") and \
+        f"ids {ids[1]})" in out.stop_reason, out
+    assert engine.pool_stats().used == 0 and not engine.has_unfinished_requests()
+    # With both ids allowed the grammar is met.
+    out = llm.generate("Say", SP(temperature=0.0, max_tokens=8, allowed_token_ids=ids,
+                                 structured_outputs=regex), use_tqdm=False)[0].outputs[0]
+    assert out.token_ids == ids and out.finish_reason == "stop", out

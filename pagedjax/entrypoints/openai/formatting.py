@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
+from pagedjax.structured_output.grammar import CONFLICT
+
 
 def sse(obj: Any) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
@@ -23,11 +25,15 @@ def openai_finish(o) -> tuple[Any, Any]:
 
 
 def generation_error(o):
-    """The OpenAIError of an output that failed while generating, else None."""
+    """The OpenAIError of an output that failed while generating, else None: a 400 when
+    its allowed_token_ids and structured output left no common token, else a 500."""
     from pagedjax.entrypoints.openai.errors import OpenAIError
 
     if o.finish_reason != "error":
         return None
+    if str(o.stop_reason or "").startswith(CONFLICT):  # the request's constraints, not us
+        return OpenAIError(str(o.stop_reason), 400, param="allowed_token_ids",
+                           code="conflicting_constraints")
     return OpenAIError(str(o.stop_reason or "generation failed"), 500, type="server_error",
                        code="generation_failed")
 

@@ -22,3 +22,14 @@ def test_error_output_maps_to_stop_and_an_error():
         o = _out(reason, stop_reason)
         assert fmt.openai_finish(o) == (reason, stop_reason)
         assert fmt.generation_error(o) is None
+
+
+def test_conflicting_constraints_are_the_clients_error():
+    """A sequence ended because allowed_token_ids and its grammar left no common token:
+    a 400 naming allowed_token_ids (the request's constraints), not a 500."""
+    from pagedjax.structured_output.grammar import CONFLICT
+
+    err = fmt.generation_error(_out("error", f"{CONFLICT} after 3 output tokens: ..."))
+    assert err.status == 400 and err.param == "allowed_token_ids"
+    assert err.body()["error"]["code"] == "conflicting_constraints"
+    assert err.body()["error"]["type"] == "invalid_request_error"

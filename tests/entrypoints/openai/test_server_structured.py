@@ -90,3 +90,38 @@ def test_bad_specs_are_400_with_openai_shape(server, kw, param):
     # The server still answers, and nothing is left running.
     r = _chat(client, server.model, "Hi", max_tokens=2)
     assert r.choices[0].message.content is not None
+
+
+def test_allowed_ids_that_conflict_with_the_format_are_400(server):
+    """allowed_token_ids beside a structured output that admit no common token: a 400
+    naming allowed_token_ids, never a 500. Before the first token the request is refused;
+    later (the first token fits, the second cannot) the non-streamed answer is a 400 and
+    the stream ends with an OpenAI-shaped error event."""
+    client = server.client()
+    ids = server.raw("POST", "/tokenize", {"model": server.model, "prompt": "Hello, world",
+                                           "add_special_tokens": False})[1]["tokens"]
+    assert len(ids) >= 2
+    regex = {"structured_outputs": {"regex": "Hello, world"}}
+    # (allowed, where the conflict is, the token the grammar wanted there)
+    for allowed, where, wanted in ((ids[1:2], "first output token", ids[0]),
+                                   (ids[:1], "after 1 output token", ids[1])):
+        with pytest.raises(openai.BadRequestError) as ei:
+            client.completions.create(model=server.model, prompt="Say hello:", max_tokens=8,
+                                      temperature=0.0,
+                                      extra_body={**regex, "allowed_token_ids": allowed})
+        err = ei.value.body
+        assert ei.value.status_code == 400 and err["param"] == "allowed_token_ids", err
+        assert "admit no common token" in err["message"] and where in err["message"], err
+        assert f"ids {wanted})" in err["message"], err
+    # Streamed, the conflict after the first token arrives as an error in the stream.
+    status, body = server.raw("POST", "/v1/completions", {
+        "model": server.model, "prompt": "Say hello:", "max_tokens": 8, "temperature": 0.0,
+        "stream": True, "allowed_token_ids": ids[:1], **regex})
+    assert status == 200
+    events = [json.loads(line[6:]) for line in body.splitlines()
+              if line.startswith("data: {")]
+    errors = [e["error"] for e in events if "error" in e]
+    assert errors and errors[0]["code"] == "conflicting_constraints", events
+    r = client.completions.create(model=server.model, prompt="Say hello:", max_tokens=8,
+                                  temperature=0.0, extra_body=regex)
+    assert r.choices[0].text == "Hello, world"
