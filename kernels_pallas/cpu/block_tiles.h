@@ -113,6 +113,32 @@ void tile_wide(const float* xp, const float* panels, int64_t apart, float* y, in
     }
 }
 
+// y[0:MR, 0:32] = x @ kStrips (2) panels side by side over all kc values of k (panel
+// s `apart` floats after panel 0), for up to 12 rows of x from two packed groups
+// (rows 0-5 at xa, rows 6-11 at xb; [kc][6] each), stored. Each output is one FMA
+// chain over k in order from zero, whatever MR is. 24 accumulators: each k's two
+// panel loads and MR broadcasts feed 2 * MR FMAs, so the FMAs bound it, not the
+// instructions that feed them (tile_wide's 6 rows issue 25 a k for 12 FMAs).
+template <int MR>
+void tile_tall(const float* xa, const float* xb, const float* panels, int64_t apart, float* y,
+               int64_t ldy, int64_t kc) {
+  static_assert(kStrips == 2 && MR <= 12, "tile_tall: 2 strips, at most 12 rows");
+  __m512 c[MR][2];
+  for (int r = 0; r < MR; ++r) c[r][0] = c[r][1] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < kc; ++k, xa += 6, xb += 6, panels += 16) {
+    const __m512 p0 = _mm512_load_ps(panels), p1 = _mm512_load_ps(panels + apart);
+    for (int r = 0; r < MR; ++r) {
+      const __m512 x = _mm512_set1_ps(r < 6 ? xa[r] : xb[r - 6]);
+      c[r][0] = _mm512_fmadd_ps(x, p0, c[r][0]);
+      c[r][1] = _mm512_fmadd_ps(x, p1, c[r][1]);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    _mm512_storeu_ps(y + r * ldy, c[r][0]);
+    _mm512_storeu_ps(y + r * ldy + 16, c[r][1]);
+  }
+}
+
 #endif
 
 #ifdef PAGEDJAX_AVX512

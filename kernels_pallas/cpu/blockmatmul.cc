@@ -10,8 +10,8 @@
 // float32 at load, every decode step reads 4-7x the bytes. Here the blocks
 // stay as they are in memory and are widened to float32 in registers
 // (blocks.h), a 32-row x 16-column block at a time into a panel that every row
-// of x then reuses through a float32 register tile (block_tiles.h: up to 6
-// rows x 16 or 32 columns, f32 FMA chains). So a weight is read once per call
+// of x then reuses through a float32 register tile (block_tiles.h: up to 12
+// rows x 32 columns, or 6 rows x 16 or 32, f32 FMA chains). So a weight is read once per call
 // at its quantized size, widened once per call, and multiplied in float32: the
 // result is the dequantized weight's product up to summation order.
 //
@@ -35,8 +35,9 @@
 // split along N into tasks of kNC columns (table rows) claimed from XLA's
 // intra-op pool (many small tasks: on a busy machine a late thread takes fewer).
 // AVX-512 with K <= kFullK: a task widens its strips over all of K (the table's
-// rows transposed into columns) and runs them through every row of x two strips
-// at a time, so each output is written once; else K kKB blocks at a time. A few
+// rows widened whole, then transposed into columns) and runs them through every
+// row of x two strips and 12 rows at a time (tile_tall), so each output is written
+// once; else K kKB blocks at a time. A few
 // rows of x through W [K, N] (chunk_rows, AVX2) split W along K instead, into
 // chunks of kKB blocks (each one run of memory, read once for all the rows, in
 // order with the next rows prefetched), whose sums are added in order at the
@@ -48,8 +49,9 @@
 // memory) for the fewest rows, else kNB. Without AVX2, block_nt's plain loops.
 //
 // Every output is the same sum whatever the pool, and whatever the batch within
-// each path: panels, one FMA chain from zero over each chunk of kPanelK values
-// of k, the chunks added in order; chunk_rows, each row's factored sums from
+// each path: panels, with AVX-512 and K <= kFullK one FMA chain from zero over all
+// of K for the columns of whole strip pairs, else one FMA chain from zero over each
+// chunk of kPanelK values of k, the chunks added in order; chunk_rows, each row's factored sums from
 // zero over each chunk, the chunks added in order; rows_few, each row's factored
 // sums in kLanes lanes over all of K, reduced in one fixed order; the table's dots,
 // each one 16-lane chain reduced in one fixed order. So a row's result does not
@@ -82,7 +84,7 @@ constexpr int64_t kKB = kPanelK / 32;  // 32-blocks per panel (W [K, N]): a 128 
 constexpr int64_t kNB = 64;  // W rows per task (W [N, K])
 constexpr int64_t kNBFew = 256;  // W [N, K], at most kFewRows rows of x: longer runs of memory
 constexpr int64_t kFewRows = 4;
-constexpr int64_t kNC = 64;  // W columns per task (W [K, N])
+constexpr int64_t kNC = 32;  // W columns per task: a strip pair (the 576 of a layer: 18 tasks)
 constexpr int kChunkRows = 8;  // W [K, N]: rows of x up to which chunk_rows reads W in place
 constexpr int kDotRows = 16;  // W [N, K]: rows of x up to which block_nt dots widened rows
 constexpr int64_t kFullK = 2048;  // panels: K up to which a strip is widened whole (L2)
@@ -140,11 +142,14 @@ inline float block_sum(const float* x) {
 void pack_x(BlockWork& w) {
 #ifdef PAGEDJAX_AVX2
   const int64_t groups = (w.M + 5) / 6, K = w.K;
-  w.xp.assign(groups * K * 6, 0.0f);
-  for (int64_t m = 0; m < w.M; ++m) {
-    float* dst = w.xp.data() + (m / 6) * K * 6 + m % 6;
-    const float* src = w.x + m * K;
-    for (int64_t k = 0; k < K; ++k) dst[k * 6] = src[k];
+  w.xp.resize(groups * K * 6);
+  for (int64_t g = 0; g < groups; ++g) {  // written in order, 6 rows read side by side
+    const int64_t rows = std::min<int64_t>(6, w.M - 6 * g);
+    const float* src[6];
+    for (int r = 0; r < 6; ++r) src[r] = w.x + (6 * g + std::min<int64_t>(r, rows - 1)) * K;
+    float* dst = w.xp.data() + g * K * 6;
+    for (int64_t k = 0; k < K; ++k, dst += 6)
+      for (int r = 0; r < 6; ++r) dst[r] = r < rows ? src[r][k] : 0.0f;
   }
 #else
   (void)w;
@@ -190,8 +195,11 @@ inline void decode_panel(const BlockWork& w, int64_t b, int64_t n, float* out) {
     pagedjax_blocks::decode_cols(w.w, w.N, b, n, out);
   } else {
     alignas(64) float rows[16 * 32];
-    for (int j = 0; j < 16; ++j)
-      pagedjax_blocks::decode_row_block(w.w, w.K, n + j, b, rows + 32 * j);
+    pagedjax_blocks::with_kind(w.w.kind, [&](auto kind) {
+      for (int j = 0; j < 16; ++j)
+        pagedjax_blocks::decode_row_block_kind<decltype(kind)::value>(w.w, w.K, n + j, b,
+                                                                      rows + 32 * j);
+    });
 #ifdef PAGEDJAX_AVX512
     transpose16(rows, 32, out, 16);
     transpose16(rows + 16, 32, out + 16 * 16, 16);
@@ -219,11 +227,12 @@ inline void decode_panel_tail(const BlockWork& w, int64_t b, int64_t n, int64_t 
 
 // Columns [n0, n1) of y = x @ W [K, N] (T: of y = x @ W [N, K]^T, W's rows n0..n1).
 // AVX-512 and K <= kFullK: kStrips strips at a time widened over all of K into
-// `full` (kStrips * K * 16 floats, in L2), then run through every row of x, so y
-// is written once. Else, and for the last strips: K kKB blocks at a time (the
-// packed x's slice stays in cache for every strip), 16 columns at a time. The
-// same sums either way (each chunk of kPanelK values of k from zero, the chunks
-// added in order).
+// `full` (kStrips * K * 16 floats, in L2; T: 16 * K more for the table rows before
+// their transpose), then run through every row of x, so y is written once, each
+// output one FMA chain over K. Else, and for the last strips: K kKB blocks at a
+// time (the packed x's slice stays in cache for every strip), 16 columns at a time,
+// each chunk of kPanelK values of k from zero, the chunks added in order. Which
+// way a column goes depends on K, N and its place only, never on the rows.
 template <bool T>
 void columns_nn(const BlockWork& w, int64_t n0, int64_t n1, float* full) {
   const int64_t K = w.K;
@@ -232,12 +241,22 @@ void columns_nn(const BlockWork& w, int64_t n0, int64_t n1, float* full) {
   const int64_t N = w.N;
   if (K <= kFullK) {
     for (; n_rest + 16 * kStrips <= n1; n_rest += 16 * kStrips) {
-      for (int s = 0; s < kStrips; ++s)
-        for (int64_t b = 0; b < K / 32; ++b)
-          decode_panel<T>(w, b, n_rest + 16 * s, full + s * K * 16 + b * 32 * 16);
-      for (int64_t m0 = 0; m0 < w.M; m0 += 6)
-        with_rows(int(std::min<int64_t>(6, w.M - m0)), [&](auto R) {
-          tile_wide<R>(w.xp.data() + m0 * K, full, K * 16, w.y + m0 * N + n_rest, N, K, true);
+      for (int s = 0; s < kStrips; ++s) {
+        float* strip = full + s * K * 16;
+        if constexpr (T) {  // 16 table rows widened whole (past the strips), transposed
+          float* rows = full + kStrips * K * 16;
+          for (int j = 0; j < 16; ++j)
+            pagedjax_blocks::decode_row(w.w, K, n_rest + 16 * s + j, rows + j * K);
+          for (int64_t k = 0; k < K; k += 16) transpose16(rows + k, K, strip + k * 16, 16);
+        } else {
+          for (int64_t b = 0; b < K / 32; ++b)
+            decode_panel<T>(w, b, n_rest + 16 * s, strip + b * 32 * 16);
+        }
+      }
+      for (int64_t m0 = 0; m0 < w.M; m0 += 12)
+        with_rows_upto<12>(int(std::min<int64_t>(12, w.M - m0)), [&](auto R) {
+          const float* xa = w.xp.data() + m0 * K;
+          tile_tall<R>(xa, R > 6 ? xa + 6 * K : xa, full, K * 16, w.y + m0 * N + n_rest, N, K);
         });
     }
   }
@@ -517,7 +536,7 @@ void BlockWork::run() {
   for (int64_t t; (t = claim()) >= 0; finish()) {
     if (panels) {
 #ifdef PAGEDJAX_AVX512
-      if (buf.empty() && K <= kFullK) buf.resize(kStrips * K * 16 + 16);
+      if (buf.empty() && K <= kFullK) buf.resize((kStrips + transposed) * K * 16 + 16);
 #endif
       float* full = buf.empty() ? nullptr : pagedjax_blocks::align64(buf.data());
       if (transposed)

@@ -26,6 +26,7 @@
 // GCC vector types, so one source gives AVX-512, AVX2 or portable code.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -326,21 +327,27 @@ inline void row_block_factors(const Comps& w, int64_t K, int64_t n, int64_t b, f
   *a_out = a, *a2_out = a2, *c_out = cc;
 }
 
-// Rows layout: the factors of every block of row n -> fac = a[K/32] | a2[K/32] |
-// c[K/32] (a kind with one float16 scale and offset a block: 16 blocks at a time).
-inline void row_factors(const Comps& w, int64_t K, int64_t n, float* fac) {
+// Rows layout: the factors of blocks b0..b0+count-1 of row n -> a[count], a2[count],
+// c[count] (a kind with one float16 scale and offset a block: 16 blocks at a time).
+inline void row_run_factors(const Comps& w, int64_t K, int64_t n, int64_t b0, int64_t count,
+                            float* a, float* a2, float* c) {
   const int64_t nb = K / 32;
-  int64_t b = 0;
+  int64_t i = 0;
   if (w.kind == kQ8_0 || w.kind == kQ4_0 || w.kind == kQ4_1) {
-    for (; b + 16 <= nb; b += 16) {
-      const v16f d = f16x16(w.c[1] + 2 * (n * nb + b));
-      Lanes<16>::store(fac + b, d);
-      Lanes<16>::store(fac + nb + b, d);
-      Lanes<16>::store(fac + 2 * nb + b,
-                       w.kind == kQ4_1 ? f16x16(w.c[2] + 2 * (n * nb + b)) : v16f{});
+    for (; i + 16 <= count; i += 16) {
+      const v16f d = f16x16(w.c[1] + 2 * (n * nb + b0 + i));
+      Lanes<16>::store(a + i, d);
+      Lanes<16>::store(a2 + i, d);
+      Lanes<16>::store(c + i, w.kind == kQ4_1 ? f16x16(w.c[2] + 2 * (n * nb + b0 + i)) : v16f{});
     }
   }
-  for (; b < nb; ++b) row_block_factors(w, K, n, b, fac + b, fac + nb + b, fac + 2 * nb + b);
+  for (; i < count; ++i) row_block_factors(w, K, n, b0 + i, a + i, a2 + i, c + i);
+}
+
+// Rows layout: the factors of every block of row n -> fac = a[K/32] | a2[K/32] | c[K/32].
+inline void row_factors(const Comps& w, int64_t K, int64_t n, float* fac) {
+  const int64_t nb = K / 32;
+  row_run_factors(w, K, n, 0, nb, fac, fac + nb, fac + 2 * nb);
 }
 
 // Rows layout: the integer codes q of elements h..h+L-1 and 16+h..16+h+L-1
@@ -386,9 +393,31 @@ inline void decode_row_block(const Comps& w, int64_t K, int64_t n, int64_t b, fl
   with_kind(w.kind, [&](auto kind) { decode_row_block_kind<decltype(kind)::value>(w, K, n, b, out); });
 }
 
-// Row n of a weight [N, K] (Rows layout) -> out[0:K].
+// Row n of a weight [N, K] (Rows layout) -> out[0:K], a run of kRowRun blocks at a
+// time: their factors first (row_run_factors' vectors), then their codes, the kind
+// known at compile time (the values of decode_row_block).
+constexpr int64_t kRowRun = 64;
+template <int Kind>
+inline void decode_row_kind(const Comps& w, int64_t K, int64_t n, float* out) {
+  alignas(64) float fac[3 * kRowRun];
+  const int64_t nb = K / 32;
+  for (int64_t b0 = 0; b0 < nb; b0 += kRowRun) {
+    const int64_t count = std::min(kRowRun, nb - b0);
+    row_run_factors(w, K, n, b0, count, fac, fac + kRowRun, fac + 2 * kRowRun);
+    for (int64_t i = 0; i < count; ++i) {
+      const float a = fac[i], a2 = fac[kRowRun + i], cc = fac[2 * kRowRun + i];
+      v16i lo, hi;
+      row_code_pair<Kind, 16>(w, K, n, b0 + i, 0, &lo, &hi);
+      const v16f lo_f = has_offset(Kind) ? splat(a) * to_f(lo) + cc : splat(a) * to_f(lo);
+      const v16f hi_f = has_offset(Kind) ? splat(a2) * to_f(hi) + cc : splat(a2) * to_f(hi);
+      float* o = out + 32 * (b0 + i);
+      Lanes<16>::store(o, lo_f), Lanes<16>::store(o + 16, hi_f);
+    }
+  }
+}
+
 inline void decode_row(const Comps& w, int64_t K, int64_t n, float* out) {
-  for (int64_t b = 0; b < K / 32; ++b) decode_row_block(w, K, n, b, out + 32 * b);
+  with_kind(w.kind, [&](auto kind) { decode_row_kind<decltype(kind)::value>(w, K, n, out); });
 }
 
 // Each component's divisor of the quantized axis and bytes per element, by kind
