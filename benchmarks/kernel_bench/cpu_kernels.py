@@ -272,7 +272,7 @@ def _random_blocks(rng, kind, shape, transposed):
 
 # --block-builds: the block kernel's build paths (blockmatmul.build_target's flags; native:
 # the build the models use)
-BLOCK_BUILDS = {"native": None, "avx2": ["-O3", "-mavx2", "-mfma"], "portable": ["-O3"]}
+BLOCK_BUILDS = {"native": None, "avx2": ["-O3", "-mavx2", "-mfma", "-mf16c"], "portable": ["-O3"]}
 
 
 def block_matmuls(reps, rows, rounds=3, builds=("native",)):
