@@ -185,16 +185,19 @@ def block_matmul(x: jax.Array, kind: str, comps: dict, *, transposed: bool = Fal
     along In (models/quant.py) in the C++ block kernel
     (kernels_pallas/cpu/blockmatmul.cc), or ``x @ W[Out, In].T`` when ``transposed``
     (the tied LM head, quantized along its last axis) -> ``[T, ...Out]``."""
-    from pagedjax.kernels_pallas import packed
+    from pagedjax.kernels_pallas import live_rows, packed
     from pagedjax.kernels_pallas.cpu import blockmatmul as cpu_blockmatmul
 
     # Components packed in one buffer of weights (the runner's): read there in place.
     inplace = packed.sources(comps)
+    # A padded step's padding rows: left out (their outputs zero).
+    live = live_rows.lookup(x.shape[0])
     if transposed:
-        return cpu_blockmatmul.blockmatmul(kind, comps, x, transposed=True, packed=inplace)
+        return cpu_blockmatmul.blockmatmul(kind, comps, x, transposed=True, packed=inplace,
+                                           live_rows=live)
     out_shape = comps[next(iter(comps))].shape[1:]
     flat = {k: v.reshape(v.shape[0], -1) for k, v in comps.items()}
-    y = cpu_blockmatmul.blockmatmul(kind, flat, x, packed=inplace)
+    y = cpu_blockmatmul.blockmatmul(kind, flat, x, packed=inplace, live_rows=live)
     return y.reshape(x.shape[0], *out_shape)
 
 

@@ -605,8 +605,9 @@ std::shared_ptr<BlockWork> make_work(const float* x, Comps comps, float* y, int6
 
 ffi::Error BlockMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer c0,
                            ffi::AnyBuffer c1, ffi::AnyBuffer c2, ffi::AnyBuffer c3,
-                           ffi::AnyBuffer c4, ffi::Result<ffi::Buffer<ffi::F32>> y,
-                           int32_t kind, int32_t transposed, int64_t n_out, int64_t group,
+                           ffi::AnyBuffer c4, ffi::Buffer<ffi::S32> live,
+                           ffi::Result<ffi::Buffer<ffi::F32>> y, int32_t kind,
+                           int32_t transposed, int64_t n_out, int64_t group,
                            ffi::Span<const int64_t> offsets) {
   if (kind < 0 || kind >= pagedjax_blocks::kNumKinds)
     return ffi::Error::InvalidArgument("cpu_blockmatmul: unknown block kind");
@@ -629,6 +630,15 @@ ffi::Error BlockMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::A
     if (off < 0 ? size != want : off > size - want)
       return ffi::Error::InvalidArgument("cpu_blockmatmul: a component's size does not match");
     comps.c[i] = static_cast<const uint8_t*>(cs[i]->untyped_data()) + (off < 0 ? 0 : off);
+  }
+  if (live.element_count() != 1)
+    return ffi::Error::InvalidArgument("cpu_blockmatmul: expected one live row count");
+  // Rows of x past the live count are a padded step's padding: their outputs are
+  // zero, not computed (a count outside [0, M] means every row).
+  const int64_t n_live = live.typed_data()[0];
+  if (n_live >= 0 && n_live < M) {
+    std::memset(y->typed_data() + n_live * N, 0, sizeof(float) * (M - n_live) * N);
+    M = n_live;
   }
   if (pagedjax_matmul_ffi::empty_product(M, K, N, y->typed_data())) return ffi::Error::Success();
   auto work = make_work(x.typed_data(), comps, y->typed_data(), M, K, N, transposed != 0);
@@ -686,7 +696,7 @@ int self_test_case(int kind, int64_t M, int64_t K, int64_t N, bool transposed, i
 
 // Run once in a child process right after a build (kernels_pallas/cpu/build.py):
 // every kind through the widening (vector blocks and the scalar column tail), the
-// register tiles of 1-6 rows, tasks of columns and the transposed
+// register tiles of 1-12 rows, tasks of columns and the transposed
 // path, so an instruction the CPU or the OS does not support kills the child, not
 // the serving process. 0 when every result matches the plain formulas.
 extern "C" int PagedjaxSelfTest() {
@@ -721,6 +731,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PagedjaxBlockMatmul, BlockMatmulImpl,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int32_t>("kind")
                                   .Attr<int32_t>("transposed")

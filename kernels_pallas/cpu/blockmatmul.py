@@ -144,14 +144,17 @@ _PATH_TARGETS: dict[str, object] = {}
 
 def blockmatmul(kind: str, comps: dict, x: jax.Array, *, transposed: bool = False,
                 target: str | None = None,
-                packed: tuple[jax.Array, dict[str, int]] | None = None) -> jax.Array:
+                packed: tuple[jax.Array, dict[str, int]] | None = None,
+                live_rows: jax.Array | int | None = None) -> jax.Array:
     """``x [M, K] @ W [K, N]`` (``transposed``: ``x @ W[N, K].T``) -> f32 [M, N], W given
     by its models/quant.py components. x must be float32; shapes or dtypes that do not
     fit raise ValueError, and RuntimeError says why when the kernel is not built.
     ``target``: another build's (:func:`build_target`). ``packed``: (buffer, each
     component's byte offset in it) when the components are views of one buffer of
     packed weights (kernels_pallas/packed.py ``sources``): the kernel then reads that
-    buffer in place."""
+    buffer in place. ``live_rows``: how many leading rows of x are real (an i32 scalar,
+    kernels_pallas/live_rows.py); the kernel leaves the rest out and returns zeros
+    there (None, or a count outside [0, M]: every row)."""
     k, n = _check(kind, comps, x, transposed)
     if target is None and not available():
         raise RuntimeError(f"the C++ block matmul is unavailable: {unavailable_reason()}")
@@ -169,6 +172,8 @@ def blockmatmul(kind: str, comps: dict, x: jax.Array, *, transposed: bool = Fals
     args += [jnp.zeros((1,), jnp.uint8)] * pad
     call = jax.ffi.ffi_call(target or TARGET, jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32),
                             vmap_method="sequential")
-    return call(x, *args, kind=np.int32(code), transposed=np.int32(transposed),
+    live = jnp.full((1,), -1, jnp.int32) if live_rows is None else \
+        jnp.asarray(live_rows, jnp.int32).reshape(1)
+    return call(x, *args, live, kind=np.int32(code), transposed=np.int32(transposed),
                 n_out=np.int64(n), group=np.int64(group),
                 offsets=np.array(offsets + [-1] * pad, np.int64))

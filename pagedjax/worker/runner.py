@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pagedjax.kernels_pallas import copy_pages
+from pagedjax.kernels_pallas import copy_pages, live_rows
 from pagedjax.models.base import ExecutionPlan
 from pagedjax.sample import sampler as sampler_mod
 from pagedjax.worker.input_batch import InputBatch
@@ -199,6 +199,14 @@ class Runner:
         batch: BatchInputs = unpack(bufs, spec)
         src = batch.token_src
         token_ids = jnp.where(src >= 0, prev_tokens[jnp.maximum(src, 0)], batch.token_ids)
+        # The kernels that can leave out the padding rows of the step's token and
+        # sequence matrices learn how many are real (kernels_pallas/live_rows.py).
+        sizes = (token_ids.shape[0], batch.logits_index.shape[0])
+        with live_rows.counted(batch.meta.cu_q_lens[-1], sizes):
+            return self._model_body(params, kv_caches, batch, token_ids, mm, plan, prompt_k,
+                                    pool)
+
+    def _model_body(self, params, kv_caches, batch, token_ids, mm, plan, prompt_k, pool):
         if mm is None:
             hidden, kv_caches = self.model.forward(params, kv_caches, token_ids, batch.meta, plan)
         else:  # (image embeddings [M, H], source i32[T]): worker/mm_inputs.py

@@ -210,3 +210,24 @@ def test_bad_arguments_name_what_to_change():
         cpu_block.blockmatmul("q4_1", cols, jnp.asarray(x, jnp.bfloat16))
     with pytest.raises(ValueError, match="component qs of shape"):
         cpu_block.blockmatmul("q4_1", cols, jnp.asarray(x[:, :32]))
+
+
+def test_live_rows_leave_out_the_padding():
+    """``live_rows`` (a traced count): the leading rows are the bits of the full product
+    at that row count, the rest zeros; a count outside [0, M] computes every row. Both
+    layouts, across the kernel's paths (few rows, the head's dots, panels)."""
+    x, w, cols, rows = case("q4_1", 32, 256, 40, seed=5)
+    f = jax.jit(lambda comps, x, n, t: bmm("q4_1", comps, x, transposed=t, live_rows=n),
+                static_argnums=3)
+    for comps, t in ((cols, False), (rows, True)):
+        comps = {c: jnp.asarray(v) for c, v in comps.items()}
+        full = np.asarray(bmm("q4_1", comps, jnp.asarray(x), transposed=t))
+        for n in (0, 1, 5, 9, 17, 31, 32, 40, -1):
+            out = np.asarray(f(comps, jnp.asarray(x), jnp.int32(n), t))
+            live = n if 0 <= n < 32 else 32
+            np.testing.assert_array_equal(
+                out[:live], np.asarray(bmm("q4_1", comps, jnp.asarray(x[:live]), transposed=t))
+                if live else out[:0])
+            assert not out[live:].any(), (t, n)
+            if live == 32:
+                np.testing.assert_array_equal(out, full)
