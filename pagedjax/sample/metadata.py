@@ -24,6 +24,7 @@ import numpy as np
 
 from pagedjax.sampling_params import (MAX_BAD_WORDS, MAX_LOGIT_BIAS, MAX_STOP_TOKEN_IDS,
                                       SAMPLING_EPS, SamplingParams)
+from pagedjax.utils import token_bits
 
 # Fixed widths (widths are part of the compiled shape; keep them constant).
 MAX_EOS_TOKEN_IDS = 8
@@ -342,10 +343,7 @@ def _allowed_bits(allowed: dict[int, list[int]], grammar: dict[int, np.ndarray],
         a = np.asarray(ids_a, np.int64)
         if a.max() >= V:
             raise ValueError(f"allowed_token_ids holds {a.max()} >= vocab_size {V}.")
-        bits = np.zeros(W * 32, np.uint8)
-        bits[a] = 1
-        allowed_bits[r] = np.packbits(bits.reshape(W, 32), axis=1,
-                                      bitorder="little").view("<u4")[:, 0]
+        allowed_bits[r] = token_bits(a, W)
     for r, g in grammar.items():
         if g.shape != (W,):
             raise ValueError(f"grammar_bits of row {r} has shape {g.shape}, expected ({W},) "

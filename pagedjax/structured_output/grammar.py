@@ -54,6 +54,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from pagedjax.sampling_params import StructuredOutputsParams
+from pagedjax.utils import bit_ids, token_bits
 
 logger = logging.getLogger("pagedjax.structured_output")
 
@@ -230,9 +231,7 @@ class GrammarCompiler:
                                         f"({short_error(str(e))})")
                     raise ValueError(self._ll_refused) from None
                 n_real = min(len(self.tokenizer), self.vocab_size)
-                bits = np.zeros(self.num_words * 32, np.uint8)
-                bits[:n_real] = 1
-                self._valid = np.packbits(bits, bitorder="little").view("<u4").copy()
+                self._valid = token_bits(np.arange(n_real), self.num_words)
             return self._ll
 
     @property
@@ -331,19 +330,19 @@ class GrammarState:
         # u32[W] of allowed_token_ids (None: every id); a sequence whose grammar mask
         # meets none of them is in conflict from that output position on.
         self.allowed = None if allowed_token_ids is None else \
-            _bits(allowed_token_ids, compiler.num_words)
-        self._conflicts: dict[str, int] = {}  # seq id -> constrained outputs at the conflict
+            token_bits(allowed_token_ids, compiler.num_words)
+        # seq id -> (its outputs when its mask met none of them, that mask)
+        self._conflicts: dict[str, tuple[int, np.ndarray]] = {}
         self._matchers: dict[str, list] = {}  # seq id -> [matcher, tokens consumed]
         self._failures: dict[str, str] = {}  # seq id -> an exception's message
         self.start_after = list(start_after) if start_after else None
         self._start: dict[str, int] = {}  # seq id -> output index the grammar starts at
         self._scanned: dict[str, int] = {}  # seq id -> outputs searched for start_after
         if self.allowed is not None and self.start_after is None:
-            first = compiled.first_mask & compiler.valid_mask
-            if not (first & self.allowed).any():
+            if not (compiled.first_mask & self.allowed).any():
                 raise ValueError(f"{CONFLICT} for the first output token: "
-                                 f"{_some_ids(first)}; add one of them to allowed_token_ids "
-                                 "or change the structured output")
+                                 f"{_some_ids(compiled.first_mask)}; add one of them to "
+                                 "allowed_token_ids or change the structured output")
 
     def _offset(self, seq_id: str, output_ids: Sequence[int]) -> Optional[int]:
         """Where the constrained part of the output begins; None while still free."""
@@ -395,7 +394,7 @@ class GrammarState:
             if (m & self.allowed).any():
                 self._conflicts.pop(seq_id, None)
             else:
-                self._conflicts[seq_id] = len(output_ids)
+                self._conflicts[seq_id] = (len(output_ids), m)
         return m
 
     def _mask(self, seq_id: str, output_ids: Sequence[int], fork: bool) -> np.ndarray:
@@ -414,11 +413,10 @@ class GrammarState:
         'done' when the grammar is complete, 'error' if a token broke it, 'conflict'
         if its last token was sampled where allowed_token_ids and the grammar had no
         common token (that token is not the grammar's: drop it)."""
-        at = self._conflicts.get(seq_id)
+        at, grammar_mask = self._conflicts.get(seq_id, (None, None))
         if at is not None and len(output_ids) > at:
-            grammar_ids = self.mask(seq_id, output_ids[:at])
             self._failures[seq_id] = (f"{CONFLICT} after {at} output token{'s' * (at != 1)}: "
-                                      f"{_some_ids(grammar_ids)}")
+                                      f"{_some_ids(grammar_mask)}")
             return "conflict"
         off = self._offset(seq_id, output_ids)
         if off is None:
@@ -449,15 +447,8 @@ class GrammarState:
         self._conflicts.pop(seq_id, None)
 
 
-def _bits(ids: Sequence[int], num_words: int) -> np.ndarray:
-    """u32[num_words] with the bits of ``ids`` set (the sampler's packing)."""
-    bits = np.zeros(num_words * 32, np.uint8)
-    bits[np.asarray(ids, np.int64)] = 1
-    return np.packbits(bits, bitorder="little").view("<u4").copy()
-
-
 def _some_ids(mask: np.ndarray, show: int = 8) -> str:
     """'the grammar allows N tokens here, e.g. ids [..]' of a packed mask."""
-    ids = np.flatnonzero(np.unpackbits(mask.view(np.uint8), bitorder="little"))
+    ids = bit_ids(mask)
     head = ", ".join(map(str, ids[:show])) + (", ..." if len(ids) > show else "")
     return f"the grammar allows {len(ids)} token{'s' * (len(ids) != 1)} there (ids {head})"
