@@ -22,6 +22,7 @@ import pytest
 from pagedjax import LLM, SamplingParams
 from pagedjax.worker import runner as runner_mod
 from pagedjax.worker.param_pack import ParamPack
+from tests.utils.step_trace import trace_decode_step
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu", reason="packing is for the CPU")
 
@@ -64,23 +65,11 @@ def _found_in_place(runner, monkeypatch) -> int:
     """How many block-kernel calls a fresh trace of the one-row decode step hands the
     packed buffer (kernels_pallas/packed.py ``sources``) rather than a copied slice."""
     from pagedjax.kernels_pallas import packed as packed_mod
-    from pagedjax.sample.sampler import RowState
-    from pagedjax.worker import warmup
-    from pagedjax.worker.inputs import SampleRow
-    from pagedjax.worker.packing import pack
 
     found = []
     real = packed_mod.sources
     monkeypatch.setattr(packed_mod, "sources", lambda a: found.append(real(a)) or found[-1])
-    rows = warmup.dummy_rows(runner.buckets, 1, 1, 1, True)
-    srows = [SampleRow(rows[0].request_id, 0, RowState(SamplingParams(temperature=0.0), [0],
-                                                        []), None)]
-    batch = runner.prepare(rows, srows, {}, {}, None, None)[0]
-    bufs, spec = pack(batch)
-    step = jax.jit(lambda *a, **k: runner._step_impl(*a, **k),  # (a fresh trace)
-                   static_argnames=("spec", "plan", "prompt_k"))
-    step.lower(runner.param_args, runner.kv_caches, bufs, runner.no_tokens, spec=spec,
-               plan=runner.plan, prompt_k=None)
+    trace_decode_step(runner)
     monkeypatch.setattr(packed_mod, "sources", real)
     return sum(f is not None for f in found)
 
