@@ -43,6 +43,7 @@ _QMAX = {
 }
 
 KV_CACHE_DTYPES = {
+    "float16": jnp.float16,
     "int8": jnp.int8,
     "fp8": jnp.float8_e4m3fn,
     "fp8_e4m3": jnp.float8_e4m3fn,

@@ -59,8 +59,10 @@ class EngineArgs:
                "(default: hybrid-attention models keep only each window's pages)")
     seed: int = _opt(0, "engine seed for unseeded random sampling")
     attention_backend: str = _opt("auto", "paged-attention kernel", BACKENDS)
-    kv_cache_dtype: str = _opt("auto", "KV pool dtype (auto = the model's)",
-                               ("auto", "int8", "fp8", "fp8_e4m3"))
+    kv_cache_dtype: str = _opt("auto", "KV pool dtype (auto = the model's; float16: half "
+                                       "the pool's bytes, the CPU kernel widens it in "
+                                       "registers, llama.cpp's default cache type)",
+                               ("auto", "float16", "int8", "fp8", "fp8_e4m3"))
     quantization: str | None = _opt(None, "weights kept quantized on the device, dequantized "
                                           "in each step: int8 (per channel, any checkpoint) or "
                                           "gguf (a .gguf file's Q8_0/Q4_0/Q4_1/Q4_K/Q6_K "

@@ -2,7 +2,7 @@
 //
 // Same contract as kernels_pallas/reference.py (read it first):
 //   q [T, Hq, D] (f32 | bf16), kv_pages [N, 2, Hkv, page_size, D]
-//   (f32 | bf16 | s8 | f8e4m3fn, the last two with kv_scales [N, 2, Hkv, page_size]),
+//   (f32 | bf16 | f16 | s8 | f8e4m3fn, the last two with kv_scales [N, 2, Hkv, page_size]),
 //   kv_lens i32[S], page_table i32[S, P], cu_q_lens i32[S+1], num_seqs i32[1]
 //   -> out [T, Hq, D] (q's dtype); rows past cu_q_lens[num_seqs] are zero.
 //
@@ -13,9 +13,9 @@
 // while the keys of its causal range stream past once, in chunks of up to
 // kChunk keys, each chunk folded into a running (max, sum, acc) softmax
 // (flash-attention style). Keys are read straight from the pool (a head's
-// keys of one page are one contiguous [page_size, D] block); quantized and
-// bf16 pages are widened to f32 a chunk at a time (with AVX2, bf16 rows are
-// widened in registers instead: cpu_attention_avx2.h, whose register tiles
+// keys of one page are one contiguous [page_size, D] block); quantized, bf16
+// and f16 pages are widened to f32 a chunk at a time (with AVX2, bf16 rows, and
+// f16 rows where the build has F16C, are widened in registers instead: cpu_attention_avx2.h, whose register tiles
 // load each key and value row once per group of query vectors and prefetch
 // the next chunk's rows while a chunk is folded). Items run on XLA's
 // intra-op thread pool, largest first, claimed from an atomic counter one
@@ -51,6 +51,7 @@ inline float hsum8(v8f v) {
 }
 
 using pagedjax_convert::bf16_to_f32;
+using pagedjax_convert::f16_to_f32;
 using pagedjax_convert::f32_to_bf16;
 using pagedjax_convert::kFp8;
 using pagedjax_convert::widen_fp8_row;
@@ -74,7 +75,20 @@ inline float exp_nonpos(float x) {
 }
 
 enum QType { kQF32 = 0, kQBF16 = 1 };
-enum KVType { kKVF32 = 0, kKVBF16 = 1, kKVS8 = 2, kKVF8 = 3 };
+enum KVType { kKVF32 = 0, kKVBF16 = 1, kKVS8 = 2, kKVF8 = 3, kKVF16 = 4 };
+
+// Whether the AVX2 tiles read rows of this pool type in place (else chunk_rows
+// widens them into a buffer first).
+inline bool in_place(int kv_type) {
+#ifdef PAGEDJAX_AVX2
+#ifdef __F16C__
+  if (kv_type == kKVF16) return true;
+#endif
+  return kv_type == kKVF32 || kv_type == kKVBF16;
+#else
+  return kv_type == kKVF32;
+#endif
+}
 
 struct Problem {
   const void* q;
@@ -98,7 +112,7 @@ struct Item {
 
 struct Scratch {
   std::vector<float> qbuf, acc, scores, mrow, lrow, alpha, kbuf, vbuf, zero;
-  std::vector<const void*> kp, vp;  // the chunk's key / value rows (f32, or bf16 in place)
+  std::vector<const void*> kp, vp;  // the chunk's key / value rows (f32, or bf16 / f16 in place)
   explicit Scratch(int64_t D)
       : qbuf(kMaxTile * D), acc(kMaxTile * D), scores(kMaxTile * kChunk),
         mrow(kMaxTile), lrow(kMaxTile), alpha(kMaxTile), kbuf(kChunk * D), vbuf(kChunk * D), zero(D),
@@ -126,20 +140,19 @@ void chunk_rows(const Problem& pr, const int32_t* table, int64_t kh, int kv, int
     const int64_t slot = key % pr.ps;
     const int64_t cnt = std::min(pr.ps - slot, n - j);
     const int64_t off = pool_offset(pr, page, kv, kh, slot);
-    if (pr.kv_type == kKVF32) {
-      const float* src = static_cast<const float*>(pr.kv) + off;
-      for (int64_t c = 0; c < cnt; ++c) rows[j + c] = src + c * D;
-#ifdef PAGEDJAX_AVX2
-    } else if (pr.kv_type == kKVBF16) {  // widened in registers (cpu_attention_avx2.h)
-      const uint16_t* src = static_cast<const uint16_t*>(pr.kv) + off;
-      for (int64_t c = 0; c < cnt; ++c) rows[j + c] = src + c * D;
-#endif
+    if (in_place(pr.kv_type)) {  // f32, or widened in registers (attention_avx2.h)
+      const int64_t elt = pr.kv_type == kKVF32 ? 4 : 2;
+      const char* src = static_cast<const char*>(pr.kv) + off * elt;
+      for (int64_t c = 0; c < cnt; ++c) rows[j + c] = src + c * D * elt;
     } else {
       float* dst = buf + j * D;
       const int64_t e = cnt * D;
       if (pr.kv_type == kKVBF16) {
         const uint16_t* src = static_cast<const uint16_t*>(pr.kv) + off;
         for (int64_t i = 0; i < e; ++i) dst[i] = bf16_to_f32(src[i]);
+      } else if (pr.kv_type == kKVF16) {
+        const uint16_t* src = static_cast<const uint16_t*>(pr.kv) + off;
+        for (int64_t i = 0; i < e; ++i) dst[i] = f16_to_f32(src[i]);
       } else if (pr.kv_type == kKVS8) {  // one scale per key row: a loop the compiler vectorizes
         const int8_t* src = static_cast<const int8_t*>(pr.kv) + off;
         const float* sc = pr.scales + off / D;
@@ -356,7 +369,7 @@ Span item_span(const Problem& pr, const Item& it) {
 void plan_prefetch(const Problem& pr, const Item& it, int64_t start, int64_t hi,
                    pagedjax_attn::Prefetch& pf) {
   static_assert(kChunk <= int(sizeof(pf.k) / sizeof(pf.k[0])), "Prefetch holds a chunk");
-  const int64_t elt = pr.kv_type == kKVF32 ? 4 : pr.kv_type == kKVBF16 ? 2 : 1;
+  const int64_t elt = pr.kv_type == kKVF32 ? 4 : pr.kv_type == kKVBF16 || pr.kv_type == kKVF16 ? 2 : 1;
   const int32_t* table = pr.page_table + it.seq * pr.P;
   const char* kv = static_cast<const char*>(pr.kv);
   pf.n = std::min<int64_t>(kChunk, hi - start);
@@ -415,7 +428,11 @@ void run_item(const Problem& pr, const Item& it, Scratch& w, const Item* after) 
     }
     if (pr.kv_type == kKVBF16)
       fold_chunk_avx2<uint16_t>(pr, w, M, pos0, start, n, pf);
-    else
+#ifdef __F16C__
+    else if (pr.kv_type == kKVF16)
+      fold_chunk_avx2<pagedjax_attn::Half>(pr, w, M, pos0, start, n, pf);
+#endif
+    else  // f32, or rows chunk_rows widened
       fold_chunk_avx2<float>(pr, w, M, pos0, start, n, pf);
 #else
     fold_chunk(pr, w, M, pos0, start, n);
@@ -467,6 +484,7 @@ int qtype_of(ffi::DataType t) {
 int kvtype_of(ffi::DataType t) {
   if (t == ffi::DataType::F32) return kKVF32;
   if (t == ffi::DataType::BF16) return kKVBF16;
+  if (t == ffi::DataType::F16) return kKVF16;
   if (t == ffi::DataType::S8) return kKVS8;
   if (t == ffi::DataType::F8E4M3FN) return kKVF8;
   return -1;
@@ -487,7 +505,7 @@ ffi::Error Impl(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer kv_pages,
   pr.kv_type = kvtype_of(kv_pages.element_type());
   if (pr.q_type < 0 || pr.kv_type < 0 || out->element_type() != q.element_type())
     return ffi::Error::InvalidArgument("cpu_native attention: unsupported dtypes");
-  if ((pr.kv_type >= kKVS8) != (has_scales != 0))
+  if ((pr.kv_type == kKVS8 || pr.kv_type == kKVF8) != (has_scales != 0))
     return ffi::Error::InvalidArgument("cpu_native attention: kv_scales must come with s8/f8 pages");
   pr.T = qd[0];
   pr.Hq = qd[1];

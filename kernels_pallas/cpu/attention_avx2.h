@@ -1,8 +1,8 @@
 // The register tiles of the C++ attention kernel's AVX2 + FMA path
 // (attention.cc's fold_chunk_avx2): scores Q.K^T and the update acc += P.V
 // for a group of up to kQB query vectors, reading key and value rows straight
-// from the page pool (f32, or bf16 widened in registers) or from a widened
-// chunk (int8 / fp8 pages). Each key or value row is loaded once per group,
+// from the page pool (f32, or bf16 / f16 widened in registers) or from a
+// widened chunk (int8 / fp8 pages). Each key or value row is loaded once per group,
 // not once per query vector: a decode step's work item (one sequence, one KV
 // head) has only G query vectors (3 for SmolLM2), so the group is the whole
 // item and each key is read from memory exactly once.
@@ -49,11 +49,21 @@ struct Prefetch {
   int64_t n = 0, bytes = 0;
 };
 
+// An IEEE float16 element of the pool (its bits), told apart from bf16's uint16_t.
+struct Half {
+  uint16_t bits;
+};
+
 inline __m256 ld8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 ld8(const uint16_t* p) {  // bf16 -> f32: the bits move up 16
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
+#if defined(__F16C__)
+inline __m256 ld8(const Half* p) {  // f16 -> f32: one exact conversion instruction
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+#endif
 
 // sc[r * ldsc + j] = q_r . k_j for r < MB and keys j in [j0, j1), 4 at a time
 // (j0, j1 multiples of 4; kp past the chunk's keys points at a zero row).

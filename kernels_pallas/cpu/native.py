@@ -8,7 +8,7 @@ XLA (pure jnp) path; set ``PAGEDJAX_CPU_NATIVE=0`` to force that.
 
 ``ragged_paged_attention``: same contract and results as
 ``reference.ragged_paged_attention``; q in float32 or bfloat16, pages in
-float32, bfloat16, int8 or float8_e4m3fn (with scales), head_dim a multiple of
+float32, bfloat16, float16, int8 or float8_e4m3fn (with scales), head_dim a multiple of
 8. Other cases run the reference. ``matmul``: float32 ``x @ w`` (or
 ``x @ w.T``); the models use it for steps of few tokens (models/layers.py).
 The quantized-weight variants are ``qmatmul.py`` (int8 per channel) and
@@ -32,8 +32,8 @@ MATMUL_TARGET = "pagedjax_matmul"
 SOURCE = Path(__file__).with_name("attention.cc")
 MATMUL_SOURCE = Path(__file__).with_name("matmul.cc")
 _Q_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
-_KV_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.int8),
-              jnp.dtype(jnp.float8_e4m3fn))
+_KV_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16),
+              jnp.dtype(jnp.int8), jnp.dtype(jnp.float8_e4m3fn))
 
 _KERNELS = FfiLibrary(SOURCE, "cpu_kernels", {TARGET: "PagedjaxRaggedPagedAttention"})
 _MATMUL = FfiLibrary(MATMUL_SOURCE, "cpu_matmul", {MATMUL_TARGET: "PagedjaxMatmul"})

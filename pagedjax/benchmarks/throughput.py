@@ -348,6 +348,10 @@ def parse_args(argv=None):
                    help="pagedjax LLM(quantization=...): int8 weights or a GGUF file's own "
                         "quantized tensors kept on the device (the transformers baselines stay "
                         "float32)")
+    p.add_argument("--kv-cache-dtype", default="auto",
+                   choices=("auto", "float16", "int8", "fp8", "fp8_e4m3"),
+                   help="pagedjax LLM(kv_cache_dtype=...): the KV pool's dtype (auto: the "
+                        "model's; llama.cpp's server keeps float16 by default)")
     p.add_argument("--warmup", choices=("shapes", "pass"), default="shapes",
                    help="shapes: compile the step shapes the workload can reach; pass: run the "
                         "workload once untimed")

@@ -129,6 +129,10 @@ def resolve_config(args: EngineArgs, info, mesh) -> EngineConfig:
         backend = "xla"
     else:
         backend = resolve_backend(args.attention_backend)
+    if args.kv_cache_dtype == "float16" and backend not in ("cpu_native", "xla"):
+        raise ValueError(f"kv_cache_dtype='float16' is read by the CPU kernel and the 'xla' "
+                         f"backend, not by attention_backend={backend!r}; use 'auto' (the "
+                         f"model's dtype), 'int8' or 'fp8'")
     return EngineConfig(args=args, max_model_len=max_model_len, max_num_batched_tokens=mnbt,
                         num_pages=num_pages, attention_backend=backend, kv_cache_dtype=kv_dtype,
                         kv_layout=layout)

@@ -83,12 +83,12 @@ def test_a_sequence_gets_the_same_bits_alone_and_in_a_batch():
     np.testing.assert_array_equal(alone, full[1:31])
 
 
-@pytest.mark.parametrize("kv_dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("kv_dtype", ["f32", "bf16", "f16"])
 @pytest.mark.parametrize("window", [None, 50])
 def test_decode_batches_over_several_chunks_match_naive(kv_dtype, window):
     """Many decode rows (more work items than threads: each thread prefetches the next
     item it claimed) with contexts over several 64-key chunks and a page tail, f32
-    queries, f32 pages or bf16 pages read in place, beside one prefill chunk; the
+    queries, f32 pages or bf16 / f16 pages read in place, beside one prefill chunk; the
     SmolLM2 shape (3 query heads per KV head: one register group per item)."""
     kv_lens = [200, 1, 64, 65, 130, 17, 191, 128] * 3
     q_lens = [1] * 23 + [40]
@@ -259,16 +259,17 @@ def test_instruction_set_paths_give_the_same_bits():
 
 
 @pytest.mark.parametrize("flags", cpu_build.default_flag_sets(), ids=_flag_id)
-@pytest.mark.parametrize("kv_dtype", ["f32", "bf16", "int8", "fp8"])
+@pytest.mark.parametrize("kv_dtype", ["f32", "bf16", "f16", "int8", "fp8"])
 def test_every_build_path_attends_like_the_reference(flags, kv_dtype):
     """The attention of each instruction-set path (this CPU's full set, AVX2 + FMA,
-    portable), for every page dtype (the quantized ones widened a key row at a time),
+    portable), for every page dtype (the quantized ones widened a key row at a time;
+    f16 pages, kv_cache_dtype="float16", with f32 queries as the engine runs them),
     against the jnp reference; paths this machine cannot run are skipped, naming why."""
     lib = build_path(cpu_native.SOURCE, "cpu_kernels", flags)
     target = f"pagedjax_attention_path_{abs(hash(tuple(flags)))}"
     jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(lib.PagedjaxRaggedPagedAttention),
                                 platform="cpu")
-    q_dtype = jnp.float32 if kv_dtype == "f32" else jnp.bfloat16
+    q_dtype = jnp.float32 if kv_dtype in ("f32", "f16") else jnp.bfloat16
     args, kw = make_case(7, [1, 5, 1, 3], [9, 23, 40, 3], num_kv_heads=3, group=3, head_dim=64,
                          page_size=16, kv_dtype=kv_dtype, q_dtype=q_dtype)
     q, pages, kv_lens, table, cu, ns = args
@@ -281,4 +282,4 @@ def test_every_build_path_attends_like_the_reference(flags, kv_dtype):
     ref = reference.ragged_paged_attention(*args, sm_scale=0.125, **kw)
     out, ref = (np.asarray(jnp.asarray(x).astype(jnp.float32)) for x in (out, ref))
     err = np.linalg.norm(out - ref) / np.linalg.norm(ref)
-    assert err < (2e-5 if kv_dtype == "f32" else 2e-2), f"relative error {err:.3g}"
+    assert err < (2e-5 if q_dtype == jnp.float32 else 2e-2), f"relative error {err:.3g}"

@@ -21,6 +21,7 @@ QUANTIZED = ("int8", "fp8")
 KV_DTYPES = {
     "f32": jnp.float32,
     "bf16": jnp.bfloat16,
+    "f16": jnp.float16,
     "int8": jnp.int8,
     "fp8": jnp.float8_e4m3fn,
 }
