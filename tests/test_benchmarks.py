@@ -416,3 +416,30 @@ def test_race_ratios_against_pagedjax_best_mode(tmp_path):
     assert cmp["pagedjax_f32"]["tok_s_median"] == 125.0
     text = race.table("long", cmp, rounds)
     assert "llama_16" in text and "error" in text and "2.40x" in text
+
+
+def test_race_compares_kv_caches_of_at_least_the_peers_size(tmp_path):
+    """pagedjax with a float16 KV cache is measured against llama.cpp's float16 cache
+    (its default, passed as -ctk/-ctv) but never against a float32 cache (llama.cpp's
+    -ctk f32 or transformers'), where only pagedjax's float32-cache modes count."""
+    from benchmarks.throughput import race
+
+    fake = tmp_path / "llama-server"
+    fake.write_text("")
+    systems = "pagedjax_gguf,pagedjax_gguf_kv16,llama_16,llama_16_kv32,hf_static"
+    ns = race.parse_args(["--llama-server", str(fake), "--model", "m.gguf", "--systems",
+                          systems, "--workloads", "long", "--hf-baselines", __file__])
+    rd = {"order": ns.systems, "pagedjax_gguf": {"output_tokens_per_s": 300.0},
+          "pagedjax_gguf_kv16": {"output_tokens_per_s": 360.0},
+          "llama_16": {"output_tokens_per_s": 180.0},
+          "llama_16_kv32": {"output_tokens_per_s": 150.0},
+          "hf_static": {"output_tokens_per_s": 50.0}}
+    cmp = race.compare([rd], ns.systems)
+    assert cmp["llama_16"]["vs_best_pagedjax"] == pytest.approx([0.5])  # vs float16 KV
+    assert cmp["llama_16_kv32"]["vs_best_pagedjax"] == pytest.approx([0.5])  # vs float32 KV
+    assert cmp["hf_static"]["vs_best_pagedjax"] == pytest.approx([50 / 300])
+    assert race.rivals("llama_16_kv32") == ["pagedjax_f32", "pagedjax_gguf"]
+    text = race.table("long", cmp, [rd])
+    row = next(ln for ln in text.splitlines() if ln.startswith("pagedjax_gguf_kv16"))
+    assert row.split()[-1] == "f16"
+    assert race.LLAMA["llama_16_kv32"] == (16, "f32") and race.LLAMA["llama_16"] == (16, "f16")

@@ -14,19 +14,25 @@ other round:
 * ``pagedjax_f32`` / ``pagedjax_gguf``: ``pagedjax bench throughput``'s pagedjax
   worker (``LLMEngine``, continuous batching, warmed up on the workload's step
   shapes) with ``quantization="none"`` (the GGUF file dequantized to float32 at
-  load) / ``"gguf"`` (the file's blocks through the C++ block kernel);
-* ``llama_16`` / ``llama_64``: ``llama-server -c SLOTS*CTX -np SLOTS -cb -t THREADS``
-  on the same GGUF file (benchmarks/serving/llama_server.py), started fresh, warmed
-  with a few requests, then every request posted at once to ``/completion`` (its
-  queue holds what the slots cannot take yet); output tokens are the server's own
-  ``tokens_predicted``;
+  load) / ``"gguf"`` (the file's blocks through the C++ block kernel), the KV cache
+  float32 (the model's dtype); ``pagedjax_gguf_kv16``: the blocks with
+  ``kv_cache_dtype="float16"``;
+* ``llama_16`` / ``llama_64``: ``llama-server -c SLOTS*CTX -np SLOTS -cb -t THREADS
+  -ctk f16 -ctv f16`` (its default cache type, stated) on the same GGUF file
+  (benchmarks/serving/llama_server.py), started fresh, warmed with a few requests,
+  then every request posted at once to ``/completion`` (its queue holds what the
+  slots cannot take yet); output tokens are the server's own ``tokens_predicted``;
+  ``llama_16_kv32`` / ``llama_64_kv32``: the same with ``-ctk f32 -ctv f32``;
 * ``hf_static`` / ``hf_continuous``: benchmarks/throughput/hf_baselines.py
   (transformers ``generate`` on static batches of 16; transformers' continuous
   batching), float32.
 
 Reported per workload: each system's output tok/s in every round and their median,
-and per round each system's rate over pagedjax's best mode in that round (the faster
-of ``pagedjax_f32`` and ``pagedjax_gguf``): the figure to quote on a shared machine.
+and per round each system's rate over pagedjax's best mode in that round among the
+modes whose KV cache takes at least as many bytes as the system's (a float16 cache
+reads half the bytes of a float32 one in a long decode, so pagedjax with float16 KV
+is measured against llama.cpp's float16 cache only, never against a float32 cache):
+the figure to quote on a shared machine.
 Weight memory of every mode, the load average around every run and the machine go
 into the JSON (default benchmarks/results/race.json).
 """
@@ -56,10 +62,25 @@ from pagedjax.benchmarks.throughput import (  # noqa: E402
 )
 from pagedjax.benchmarks.workload import WORKLOADS, agreement, summary  # noqa: E402
 
-PAGEDJAX = {"pagedjax_f32": "none", "pagedjax_gguf": "gguf"}
-LLAMA = {"llama_16": 16, "llama_64": 64}
+# pagedjax systems: (quantization, kv_cache_dtype); llama.cpp's: (slots, its cache type)
+PAGEDJAX = {"pagedjax_f32": ("none", "auto"), "pagedjax_gguf": ("gguf", "auto"),
+            "pagedjax_gguf_kv16": ("gguf", "float16")}
+LLAMA = {"llama_16": (16, "f16"), "llama_64": (64, "f16"),
+         "llama_16_kv32": (16, "f32"), "llama_64_kv32": (64, "f32")}
 HF = ("hf_static", "hf_continuous")
 SYSTEMS = (*PAGEDJAX, *LLAMA, *HF)
+DEFAULT_SYSTEMS = ("pagedjax_f32", "pagedjax_gguf", "pagedjax_gguf_kv16", "llama_16", "llama_64",
+                   "hf_static", "hf_continuous")
+
+
+def kv_bytes(system: str) -> int:
+    """Bytes a cached key or value element takes in the system's KV cache (pagedjax's
+    `auto` and transformers': the float32 model's own)."""
+    if system in PAGEDJAX:
+        return 2 if PAGEDJAX[system][1] == "float16" else 4
+    if system in LLAMA:
+        return 2 if LLAMA[system][1] == "f16" else 4
+    return 4
 DEFAULT_JSON = os.path.join("benchmarks", "results", "race.json")
 
 
@@ -83,7 +104,8 @@ def make_workload(ns, workload: str, tmp: str) -> str:
 
 def run_pagedjax(ns, system: str, workload: str, wl_path: str, out: str) -> dict:
     cmd = [sys.executable, "-m", "pagedjax.benchmarks.throughput", *_workload_argv(ns, workload),
-           "--quantization", PAGEDJAX[system], "--skip-sharing", "--quiet",
+           "--quantization", PAGEDJAX[system][0], "--kv-cache-dtype", PAGEDJAX[system][1],
+           "--skip-sharing", "--quiet",
            "--worker", "pagedjax", "--worker-in", wl_path, "--worker-out", out]
     res = run_worker(cmd, out, system)
     res["system"] = system
@@ -96,12 +118,13 @@ def run_hf(ns, system: str, wl_path: str, out: str) -> dict:
 
 def run_llama(ns, system: str, reqs: list, tmp: str) -> dict:
     """llama-server with the system's slots: warm-up, then every request at once."""
-    slots = LLAMA[system]
+    slots, cache = LLAMA[system]
+    extra = ("-ctk", cache, "-ctv", cache)
     ctx = -(-(max(len(p) + o for p, o in reqs) + 8) // 64) * 64
     load0, t_start = machine.loadavg(), time.time()
     with llama_server.running(ns.llama_server, ns.gguf, slots=slots, ctx=ctx,
                               threads=ns.threads, log_path=os.path.join(tmp, f"{system}.log"),
-                              timeout=ns.start_timeout) as url:
+                              timeout=ns.start_timeout, extra=extra) as url:
         started_s = time.time() - t_start
         warm = reqs[:min(len(reqs), 4)]
         with concurrent.futures.ThreadPoolExecutor(len(warm)) as pool:
@@ -121,12 +144,12 @@ def run_llama(ns, system: str, reqs: list, tmp: str) -> dict:
                            f"generate the workload's output lengths")
     prompt_n = [int(a["timings"]["prompt_n"]) for a, _ in answers]
     res = summary(system, reqs, duration, [], [], slots=slots, ctx_per_slot=ctx,
-                  threads=ns.threads, start_s=started_s,
+                  threads=ns.threads, start_s=started_s, cache_type=cache,
                   weight_bytes=llama_server.gguf_tensor_bytes(ns.gguf),
                   server_output_tokens=sum(got),
                   prompt_tokens_evaluated=sum(prompt_n),
                   command=llama_server.command(ns.llama_server, ns.gguf, 0, slots=slots,
-                                               ctx=ctx, threads=ns.threads))
+                                               ctx=ctx, threads=ns.threads, extra=extra))
     # the server's own count of the tokens it generated (equal to the workload's
     # when every request ran to its length)
     res["output_tokens"] = sum(got)
@@ -154,15 +177,24 @@ def _ok(r: dict | None) -> bool:
     return r is not None and "error" not in r
 
 
+def rivals(name: str) -> list[str]:
+    """The pagedjax modes a system is measured against: those whose KV cache takes at
+    least as many bytes an element as its own (a smaller cache would be a lighter
+    set-up than the peer's: pagedjax float16 KV is compared with llama.cpp's float16
+    cache, not with its float32 one or transformers')."""
+    return [p for p in PAGEDJAX if kv_bytes(p) >= kv_bytes(name)]
+
+
 def compare(rounds: list[dict], systems: list[str]) -> dict:
     """Per system its rates and their median; per round its rate over pagedjax's best
-    mode of that round, and the median of those ratios."""
+    mode of that round among its rivals (same or larger KV cache), and the median of
+    those ratios."""
     out = {}
     for name in systems:
         rates = [rd[name]["output_tokens_per_s"] for rd in rounds if _ok(rd.get(name))]
         ratios = []
         for rd in rounds:
-            best = max((rd[p]["output_tokens_per_s"] for p in PAGEDJAX if _ok(rd.get(p))),
+            best = max((rd[p]["output_tokens_per_s"] for p in rivals(name) if _ok(rd.get(p))),
                        default=None)
             if best and _ok(rd.get(name)):
                 ratios.append(rd[name]["output_tokens_per_s"] / best)
@@ -179,7 +211,7 @@ def table(workload: str, cmp: dict, rounds: list[dict]) -> str:
     n = len(rounds)
     head = (f"{'system':<15}" + "".join(f"{'r' + str(i + 1) + ' tok/s':>11}" for i in range(n))
             + f"{'median':>9}" + "".join(f"{'r' + str(i + 1) + ' /best pj':>12}" for i in range(n))
-            + f"{'best pj / this':>16}{'weights MiB':>13}")
+            + f"{'best pj / this':>16}{'weights MiB':>13}{'KV':>5}")
     lines = [f"workload {workload}", head, "-" * len(head)]
     for name, c in cmp.items():
         runs = [rd.get(name) for rd in rounds]
@@ -191,11 +223,14 @@ def table(workload: str, cmp: dict, rounds: list[dict]) -> str:
         med = c["vs_best_pagedjax_median"]
         lines.append(f"{name:<15}{rates}{c['tok_s_median'] or 0:>9.1f}{ratios}"
                      f"{(1 / med if med else 0):>15.2f}x"
-                     f"{(w / 2**20 if w else float('nan')):>13.1f}")
+                     f"{(w / 2**20 if w else float('nan')):>13.1f}"
+                     f"{('f16' if kv_bytes(name) == 2 else 'f32'):>5}")
         for e in c["errors"]:
             lines.append(f"  {name} error: {e[:150]}")
     lines.append("order per round: " + "; ".join(" > ".join(rd["order"]) for rd in rounds))
-    lines.append("goals: best pagedjax / llama_16 and llama_64 >= 2x, / hf_static >= 5x")
+    lines.append("best pj: the fastest pagedjax mode whose KV cache (column KV) is at least "
+                 "the system's; goals: best pagedjax / llama_16 and llama_64 >= 2x, / hf_static "
+                 ">= 5x")
     return "\n".join(lines)
 
 
@@ -231,7 +266,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     llama_server.add_args(p)
-    p.add_argument("--systems", default=",".join(SYSTEMS), help=f"of {', '.join(SYSTEMS)}")
+    p.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
+                   help=f"of {', '.join(SYSTEMS)} (default: {', '.join(DEFAULT_SYSTEMS)})")
     p.add_argument("--workloads", default="sharegpt,long", help=f"of {', '.join(WORKLOADS)}")
     p.add_argument("--requests", type=int, default=None, help="default: each workload's own")
     p.add_argument("--rounds", type=int, default=2, help="order reversed every other round")
