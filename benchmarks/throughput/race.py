@@ -209,7 +209,7 @@ def compare(rounds: list[dict], systems: list[str]) -> dict:
 
 def table(workload: str, cmp: dict, rounds: list[dict]) -> str:
     n = len(rounds)
-    head = (f"{'system':<15}" + "".join(f"{'r' + str(i + 1) + ' tok/s':>11}" for i in range(n))
+    head = (f"{'system':<19}" + "".join(f"{'r' + str(i + 1) + ' tok/s':>11}" for i in range(n))
             + f"{'median':>9}" + "".join(f"{'r' + str(i + 1) + ' /best pj':>12}" for i in range(n))
             + f"{'best pj / this':>16}{'weights MiB':>13}{'KV':>5}")
     lines = [f"workload {workload}", head, "-" * len(head)]
@@ -221,7 +221,7 @@ def table(workload: str, cmp: dict, rounds: list[dict]) -> str:
         ratios = "".join(f"{x:>11.2f}x" for x in c["vs_best_pagedjax"])
         ratios += " " * 12 * (n - len(c["vs_best_pagedjax"]))
         med = c["vs_best_pagedjax_median"]
-        lines.append(f"{name:<15}{rates}{c['tok_s_median'] or 0:>9.1f}{ratios}"
+        lines.append(f"{name:<19}{rates}{c['tok_s_median'] or 0:>9.1f}{ratios}"
                      f"{(1 / med if med else 0):>15.2f}x"
                      f"{(w / 2**20 if w else float('nan')):>13.1f}"
                      f"{('f16' if kv_bytes(name) == 2 else 'f32'):>5}")
