@@ -39,9 +39,9 @@
 // row of x two strips and 12 rows at a time (tile_tall), so each output is written
 // once; else K kKB blocks at a time. A few
 // rows of x through W [K, N] (chunk_rows, AVX2) split W along K instead, into
-// chunks of kKB blocks (each one run of memory, read once for all the rows, in
-// order with the next rows prefetched), whose sums are added in order at the
-// end. A few rows through the table: up to kRowsFewMax rows of x (4 with AVX-512,
+// an even number of chunks of up to kChunkKB blocks (chunk_blocks; each one run of
+// memory, read once for all the rows, in order with the next rows prefetched),
+// whose sums are added in order at the end. A few rows through the table: up to kRowsFewMax rows of x (4 with AVX-512,
 // 16 with AVX2), rows_few reads 4 table rows at a time in place and factors the
 // scales out of its sums as chunk_rows does; AVX-512 from 5 rows up to kDotRows
 // (block_nt) widens 4 table rows at a time and dots them with up to 6 rows of x at
@@ -81,6 +81,7 @@ using namespace pagedjax_block_tiles;
 namespace {
 
 constexpr int64_t kKB = kPanelK / 32;  // 32-blocks per panel (W [K, N]): a 128 x 16 float panel (8 KiB)
+constexpr int64_t kChunkKB = 9;  // W [K, N], a few rows: at most this many 32-blocks a task
 constexpr int64_t kNB = 64;  // W rows per task (W [N, K])
 constexpr int64_t kNBFew = 256;  // W [N, K], at most kFewRows rows of x: longer runs of memory
 constexpr int64_t kFewRows = 4;
@@ -97,6 +98,7 @@ struct BlockWork : pagedjax_parallel::Tasks {
   bool transposed;
   std::vector<float> partials;  // a few rows of x, W [K, N]: each chunk's sums [tasks][M][N]
   int64_t rows_per_task = kNB;  // W [N, K]
+  int64_t chunk = kChunkKB;  // W [K, N], a few rows: 32-blocks a task (chunk_blocks)
   std::vector<float> xp;  // panels: x packed [(M + 5) / 6][K][6] (rows past M: zero)
   std::vector<float> xs;  // the factored few-row paths, kinds with an offset: x's 32-blocks' sums [M][K / 32]
   void run();
@@ -295,7 +297,7 @@ void columns_nn(const BlockWork& w, int64_t n0, int64_t n1, float* full) {
 
 #ifdef PAGEDJAX_AVX2
 // A few rows of x (R <= kChunkRows): the product over blocks [b0, b1) of W [K, N]
-// (one chunk of kKB blocks), every column, into acc[R][N]. The chunk's rows are
+// (one chunk, chunk_blocks), every column, into acc[R][N]. The chunk's rows are
 // one run of memory, read once for every row of x, in order in 4 passes a block
 // (pass p: the pairs of elements j, j + 16 for j = 4p..4p+3, one byte row each
 // of a 4-bit kind), kLanes columns at a time (blocks.h: one register), each
@@ -523,6 +525,15 @@ constexpr bool kChunks = false;  // chunk_rows and rows_few need the vector wide
 constexpr int kRowsFewMax = 0;
 #endif
 
+// A few rows through W [K, N] of nb 32-blocks: blocks a task, at most kChunkKB and
+// as even as an even number of tasks allows (K = 576: 2 tasks of 9; 1,536: 6 of 8),
+// so that two threads get equal shares and the chunks' sums stay few. It depends
+// on K alone (every row count and pool adds the same chunks' sums).
+inline int64_t chunk_blocks(int64_t nb) {
+  const int64_t tasks = 2 * ((nb + 2 * kChunkKB - 1) / (2 * kChunkKB));
+  return std::max<int64_t>(1, (nb + tasks - 1) / tasks);
+}
+
 // Whether a call runs on panels (tasks of kNC columns, columns_nn): many rows of x
 // with either layout (W [K, N]: more than kChunkRows; W [N, K]: more than kDotRows),
 // and W [K, N] without chunk_rows.
@@ -549,10 +560,10 @@ void BlockWork::run() {
     } else if (transposed) {
       if (buf.empty()) buf.resize(rows_per_task * K);
       block_nt(*this, t * rows_per_task, std::min(N, (t + 1) * rows_per_task), buf.data());
-    } else {  // a few rows: chunk t of kKB blocks
+    } else {  // a few rows: chunk t (chunk_blocks)
 #ifdef PAGEDJAX_AVX2
       if (buf.empty()) buf.resize((3 + 2 * M) * (N + 16));
-      chunk_rows(*this, t * kKB, std::min(K / 32, (t + 1) * kKB), partials.data() + t * M * N,
+      chunk_rows(*this, t * chunk, std::min(K / 32, (t + 1) * chunk), partials.data() + t * M * N,
                  buf.data());
 #endif
     }
@@ -572,7 +583,8 @@ void run_blockmatmul(const std::shared_ptr<BlockWork>& work, int64_t threads,
     w.rows_per_task = w.M <= std::max<int64_t>(kFewRows, kRowsFewMax) ? kNBFew : kNB;
     w.n_tasks = (w.N + w.rows_per_task - 1) / w.rows_per_task;
   } else {
-    w.n_tasks = (w.K / 32 + kKB - 1) / kKB;
+    w.chunk = chunk_blocks(w.K / 32);
+    w.n_tasks = (w.K / 32 + w.chunk - 1) / w.chunk;
     w.partials.resize(w.n_tasks * w.M * w.N);
   }
   const bool factored = !on_panels(w) && (!w.transposed || w.M <= kRowsFewMax);
