@@ -39,6 +39,7 @@ from pagedjax.engine.startup import (
     phase_logger,
     freeze_startup_heap,
     resolve_config,
+    slow_dtype_warning,
     start_cpu_builds,
     weight_quantization,
 )
@@ -95,6 +96,9 @@ class LLMEngine:
             "KV pool %d pages)", time.perf_counter() - started, self.info.architecture,
             self.info.num_layers, self.weight_bytes / 2**20, self.quantization,
             self.config.num_pages)
+        slow = slow_dtype_warning(self.model.dtype, jax.default_backend())
+        if slow:
+            logger.warning(slow)
         self.kv_capacity = self.scheduler.kv_capacity()
         logger.info("%s; KV cache size: %d tokens; maximum concurrency for %d tokens per "
                     "request: %.2fx", self.config.kv_layout.describe(), self.kv_capacity["tokens"],

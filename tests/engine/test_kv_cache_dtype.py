@@ -74,3 +74,14 @@ def test_xla_backend_reads_the_float16_pool_like_the_cpu_kernel(runs):
 def test_float16_pool_on_a_kernel_without_it_is_a_clear_error(smollm2_gguf):
     with pytest.raises(ValueError, match=r"kv_cache_dtype='float16'.*'pallas_tpu'.*int8"):
         LLM(max_model_len=256, kv_cache_dtype="float16", attention_backend="pallas_tpu")
+
+
+def test_a_16_bit_model_dtype_on_the_cpu_is_named_slow_with_what_to_use():
+    from pagedjax.engine.startup import slow_dtype_warning
+
+    for dt in (jnp.bfloat16, jnp.float16):
+        msg = slow_dtype_warning(dt, "cpu")
+        assert msg and jnp.dtype(dt).name in msg and "dtype='auto'" in msg
+        assert "kv_cache_dtype='float16'" in msg
+        assert slow_dtype_warning(dt, "gpu") is None and slow_dtype_warning(dt, "tpu") is None
+    assert slow_dtype_warning(jnp.float32, "cpu") is None
