@@ -96,10 +96,10 @@ struct BlockWork : pagedjax_parallel::Tasks {
   float* y;
   int64_t M, K, N;
   bool transposed;
-  std::vector<float> partials;  // a few rows of x, W [K, N]: each chunk's sums [tasks][M][N]
+  std::unique_ptr<float[]> partials;  // a few rows of x, W [K, N]: each chunk's sums [tasks][M][N]
   int64_t rows_per_task = kNB;  // W [N, K]
   int64_t chunk = kChunkKB;  // W [K, N], a few rows: 32-blocks a task (chunk_blocks)
-  std::vector<float> xp;  // panels: x packed [(M + 5) / 6][K][6] (rows past M: zero)
+  std::unique_ptr<float[]> xp;  // panels: x packed [(M + 5) / 6][K][6] (rows past M: zero)
   std::vector<float> xs;  // the factored few-row paths, kinds with an offset: x's 32-blocks' sums [M][K / 32]
   void run();
 };
@@ -114,7 +114,7 @@ void panel_product(const BlockWork& w, const float* panel, int64_t k0, int64_t k
   if (cols == 16) {
     for (int64_t m0 = 0; m0 < M; m0 += 6)
       with_rows(int(std::min<int64_t>(6, M - m0)), [&](auto R) {
-        tile_packed<R>(w.xp.data() + m0 * K + k0 * 6, panel, out + m0 * N + n0, N, kc, first);
+        tile_packed<R>(w.xp.get() + m0 * K + k0 * 6, panel, out + m0 * N + n0, N, kc, first);
       });
     return;
   }
@@ -144,12 +144,12 @@ inline float block_sum(const float* x) {
 void pack_x(BlockWork& w) {
 #ifdef PAGEDJAX_AVX2
   const int64_t groups = (w.M + 5) / 6, K = w.K;
-  w.xp.resize(groups * K * 6);
+  w.xp.reset(new float[groups * K * 6]);  // every value written below
   for (int64_t g = 0; g < groups; ++g) {  // written in order, 6 rows read side by side
     const int64_t rows = std::min<int64_t>(6, w.M - 6 * g);
     const float* src[6];
     for (int r = 0; r < 6; ++r) src[r] = w.x + (6 * g + std::min<int64_t>(r, rows - 1)) * K;
-    float* dst = w.xp.data() + g * K * 6;
+    float* dst = w.xp.get() + g * K * 6;
     for (int64_t k = 0; k < K; ++k, dst += 6)
       for (int r = 0; r < 6; ++r) dst[r] = r < rows ? src[r][k] : 0.0f;
   }
@@ -257,7 +257,7 @@ void columns_nn(const BlockWork& w, int64_t n0, int64_t n1, float* full) {
       }
       for (int64_t m0 = 0; m0 < w.M; m0 += 12)
         with_rows_upto<12>(int(std::min<int64_t>(12, w.M - m0)), [&](auto R) {
-          const float* xa = w.xp.data() + m0 * K;
+          const float* xa = w.xp.get() + m0 * K;
           tile_tall<R>(xa, R > 6 ? xa + 6 * K : xa, full, K * 16, w.y + m0 * N + n_rest, N, K);
         });
     }
@@ -277,7 +277,7 @@ void columns_nn(const BlockWork& w, int64_t n0, int64_t n1, float* full) {
           decode_panel<T>(w, kb / 32 + b, n + 16 * s, panels[s] + b * 32 * 16);
       for (int64_t m0 = 0; m0 < w.M; m0 += 6)
         with_rows(int(std::min<int64_t>(6, w.M - m0)), [&](auto R) {
-          tile_wide<R>(w.xp.data() + m0 * K + kb * 6, panels[0], kPanel, w.y + m0 * N + n, N,
+          tile_wide<R>(w.xp.get() + m0 * K + kb * 6, panels[0], kPanel, w.y + m0 * N + n, N,
                        kc, kb == 0);
         });
     }
@@ -541,30 +541,48 @@ inline bool on_panels(const BlockWork& w) {
   return w.M > (w.transposed ? kDotRows : kChunkRows) || (!w.transposed && !kChunks);
 }
 
-void BlockWork::run() {
-  std::vector<float> buf;
-  const bool panels = on_panels(*this);
-  for (int64_t t; (t = claim()) >= 0; finish()) {
-    if (panels) {
+// Floats of scratch a thread needs for this call's path (0: none).
+int64_t scratch_floats(const BlockWork& w) {
+  if (on_panels(w)) {
 #ifdef PAGEDJAX_AVX512
-      if (buf.empty() && K <= kFullK) buf.resize((kStrips + transposed) * K * 16 + 16);
+    if (w.K <= kFullK) return (kStrips + w.transposed) * w.K * 16 + 16;
 #endif
-      float* full = buf.empty() ? nullptr : pagedjax_blocks::align64(buf.data());
+    return 0;
+  }
+  if (w.transposed) return w.M <= kRowsFewMax ? kTableRows * 3 * (w.K / 32) : w.rows_per_task * w.K;
+  return (3 + 2 * w.M) * (w.N + 16);
+}
+
+// This thread's scratch of at least n floats, kept from call to call (a decode step
+// makes ~120 calls): grown when too small, never cleared, since every path writes
+// the scratch it reads.
+float* thread_scratch(int64_t n) {
+  static thread_local std::unique_ptr<float[]> buf;
+  static thread_local int64_t size = 0;
+  if (size < n) buf.reset(new float[n]), size = n;
+  return buf.get();
+}
+
+void BlockWork::run() {
+  const bool panels = on_panels(*this);
+  const int64_t need = scratch_floats(*this);
+  float* buf = nullptr;
+  for (int64_t t; (t = claim()) >= 0; finish()) {
+    if (buf == nullptr && need > 0) buf = thread_scratch(need);
+    if (panels) {
+      float* full = need > 0 ? pagedjax_blocks::align64(buf) : nullptr;
       if (transposed)
         columns_nn<true>(*this, t * kNC, std::min(N, (t + 1) * kNC), full);
       else
         columns_nn<false>(*this, t * kNC, std::min(N, (t + 1) * kNC), full);
     } else if (transposed && M <= kRowsFewMax) {
-      if (buf.empty()) buf.resize(kTableRows * 3 * (K / 32));
-      rows_few(*this, t * rows_per_task, std::min(N, (t + 1) * rows_per_task), buf.data());
+      rows_few(*this, t * rows_per_task, std::min(N, (t + 1) * rows_per_task), buf);
     } else if (transposed) {
-      if (buf.empty()) buf.resize(rows_per_task * K);
-      block_nt(*this, t * rows_per_task, std::min(N, (t + 1) * rows_per_task), buf.data());
+      block_nt(*this, t * rows_per_task, std::min(N, (t + 1) * rows_per_task), buf);
     } else {  // a few rows: chunk t (chunk_blocks)
 #ifdef PAGEDJAX_AVX2
-      if (buf.empty()) buf.resize((3 + 2 * M) * (N + 16));
-      chunk_rows(*this, t * chunk, std::min(K / 32, (t + 1) * chunk), partials.data() + t * M * N,
-                 buf.data());
+      chunk_rows(*this, t * chunk, std::min(K / 32, (t + 1) * chunk), partials.get() + t * M * N,
+                 buf);
 #endif
     }
   }
@@ -585,7 +603,7 @@ void run_blockmatmul(const std::shared_ptr<BlockWork>& work, int64_t threads,
   } else {
     w.chunk = chunk_blocks(w.K / 32);
     w.n_tasks = (w.K / 32 + w.chunk - 1) / w.chunk;
-    w.partials.resize(w.n_tasks * w.M * w.N);
+    w.partials.reset(new float[w.n_tasks * w.M * w.N]);  // each chunk writes all of its own
   }
   const bool factored = !on_panels(w) && (!w.transposed || w.M <= kRowsFewMax);
   if (factored && pagedjax_blocks::has_offset(w.w.kind)) {  // their c * X
@@ -594,9 +612,9 @@ void run_blockmatmul(const std::shared_ptr<BlockWork>& work, int64_t threads,
   }
   pagedjax_parallel::run(work, threads, pagedjax_matmul_ffi::worth_helpers(w.M, w.K, w.N),
                          schedule);
-  if (!w.partials.empty()) {  // the chunks' sums, in order
+  if (w.partials) {  // the chunks' sums, in order
     const int64_t size = w.M * w.N;
-    std::memcpy(w.y, w.partials.data(), sizeof(float) * size);
+    std::memcpy(w.y, w.partials.get(), sizeof(float) * size);
     for (int64_t t = 1; t < w.n_tasks; ++t)
       for (int64_t i = 0; i < size; ++i) w.y[i] += w.partials[t * size + i];
   }
