@@ -14,8 +14,9 @@
 // kChunk keys, each chunk folded into a running (max, sum, acc) softmax
 // (flash-attention style). Keys are read straight from the pool (a head's
 // keys of one page are one contiguous [page_size, D] block); quantized, bf16
-// and f16 pages are widened to f32 a chunk at a time (with AVX2, bf16 rows, and
-// f16 rows where the build has F16C, are widened in registers instead: cpu_attention_avx2.h, whose register tiles
+// and f16 pages are widened to f32 a chunk at a time (with AVX2, bf16 rows,
+// and f16 rows where the build has F16C, are widened in registers instead:
+// cpu_attention_avx2.h, whose register tiles
 // load each key and value row once per group of query vectors and prefetch
 // the next chunk's rows while a chunk is folded). Items run on XLA's
 // intra-op thread pool, largest first, claimed from an atomic counter one
