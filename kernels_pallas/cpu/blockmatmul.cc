@@ -41,7 +41,8 @@
 // rows of x through W [K, N] (chunk_rows, AVX2) split W along K instead, into
 // an even number of chunks of up to kChunkKB blocks (chunk_blocks; each one run of
 // memory, read once for all the rows, in order with the next rows prefetched),
-// whose sums are added in order at the end. A few rows through the table: up to kRowsFewMax rows of x (4 with AVX-512,
+// whose sums are added in order at the end. A few rows through the table: up to
+// kRowsFewMax rows of x (4 with AVX-512,
 // 16 with AVX2), rows_few reads 4 table rows at a time in place and factors the
 // scales out of its sums as chunk_rows does; AVX-512 from 5 rows up to kDotRows
 // (block_nt) widens 4 table rows at a time and dots them with up to 6 rows of x at
@@ -90,12 +91,15 @@ constexpr int kChunkRows = 8;  // W [K, N]: rows of x up to which chunk_rows rea
 constexpr int kDotRows = 16;  // W [N, K]: rows of x up to which block_nt dots widened rows
 constexpr int64_t kFullK = 2048;  // panels: K up to which a strip is widened whole (L2)
 
+enum Path { kOnPanels, kOnRowsFew, kOnBlockNt, kOnChunks };  // a call's path (path_of)
+
 struct BlockWork : pagedjax_parallel::Tasks {
   const float* x;
   Comps w;
   float* y;
   int64_t M, K, N;
   bool transposed;
+  Path path = kOnPanels;
   std::unique_ptr<float[]> partials;  // a few rows of x, W [K, N]: each chunk's sums [tasks][M][N]
   int64_t rows_per_task = kNB;  // W [N, K]
   int64_t chunk = kChunkKB;  // W [K, N], a few rows: 32-blocks a task (chunk_blocks)
@@ -534,23 +538,29 @@ inline int64_t chunk_blocks(int64_t nb) {
   return std::max<int64_t>(1, (nb + tasks - 1) / tasks);
 }
 
-// Whether a call runs on panels (tasks of kNC columns, columns_nn): many rows of x
-// with either layout (W [K, N]: more than kChunkRows; W [N, K]: more than kDotRows),
-// and W [K, N] without chunk_rows.
-inline bool on_panels(const BlockWork& w) {
-  return w.M > (w.transposed ? kDotRows : kChunkRows) || (!w.transposed && !kChunks);
+// Which path a call takes (see the top): panels (tasks of kNC columns, columns_nn)
+// for many rows of x with either layout (W [K, N]: more than kChunkRows; W [N, K]:
+// more than kDotRows) and for W [K, N] without chunk_rows; else the table's
+// rows_few (up to kRowsFewMax rows) or block_nt, or W [K, N]'s chunk_rows.
+inline Path path_of(const BlockWork& w) {
+  if (w.M > (w.transposed ? kDotRows : kChunkRows) || (!w.transposed && !kChunks))
+    return kOnPanels;
+  if (!w.transposed) return kOnChunks;
+  return w.M <= kRowsFewMax ? kOnRowsFew : kOnBlockNt;
 }
 
-// Floats of scratch a thread needs for this call's path (0: none).
+// Floats of scratch a thread needs on the call's path (0: none).
 int64_t scratch_floats(const BlockWork& w) {
-  if (on_panels(w)) {
+  switch (w.path) {
+    case kOnPanels:
 #ifdef PAGEDJAX_AVX512
-    if (w.K <= kFullK) return (kStrips + w.transposed) * w.K * 16 + 16;
+      if (w.K <= kFullK) return (kStrips + w.transposed) * w.K * 16 + 16;
 #endif
-    return 0;
+      return 0;
+    case kOnRowsFew: return kTableRows * 3 * (w.K / 32);
+    case kOnBlockNt: return w.rows_per_task * w.K;
+    default: return (3 + 2 * w.M) * (w.N + 16);
   }
-  if (w.transposed) return w.M <= kRowsFewMax ? kTableRows * 3 * (w.K / 32) : w.rows_per_task * w.K;
-  return (3 + 2 * w.M) * (w.N + 16);
 }
 
 // This thread's scratch of at least n floats, kept from call to call (a decode step
@@ -564,26 +574,31 @@ float* thread_scratch(int64_t n) {
 }
 
 void BlockWork::run() {
-  const bool panels = on_panels(*this);
   const int64_t need = scratch_floats(*this);
   float* buf = nullptr;
   for (int64_t t; (t = claim()) >= 0; finish()) {
     if (buf == nullptr && need > 0) buf = thread_scratch(need);
-    if (panels) {
-      float* full = need > 0 ? pagedjax_blocks::align64(buf) : nullptr;
-      if (transposed)
-        columns_nn<true>(*this, t * kNC, std::min(N, (t + 1) * kNC), full);
-      else
-        columns_nn<false>(*this, t * kNC, std::min(N, (t + 1) * kNC), full);
-    } else if (transposed && M <= kRowsFewMax) {
-      rows_few(*this, t * rows_per_task, std::min(N, (t + 1) * rows_per_task), buf);
-    } else if (transposed) {
-      block_nt(*this, t * rows_per_task, std::min(N, (t + 1) * rows_per_task), buf);
-    } else {  // a few rows: chunk t (chunk_blocks)
+    switch (path) {
+      case kOnPanels: {
+        float* full = need > 0 ? pagedjax_blocks::align64(buf) : nullptr;
+        if (transposed)
+          columns_nn<true>(*this, t * kNC, std::min(N, (t + 1) * kNC), full);
+        else
+          columns_nn<false>(*this, t * kNC, std::min(N, (t + 1) * kNC), full);
+        break;
+      }
+      case kOnRowsFew:
+        rows_few(*this, t * rows_per_task, std::min(N, (t + 1) * rows_per_task), buf);
+        break;
+      case kOnBlockNt:
+        block_nt(*this, t * rows_per_task, std::min(N, (t + 1) * rows_per_task), buf);
+        break;
+      case kOnChunks:  // chunk t (chunk_blocks)
 #ifdef PAGEDJAX_AVX2
-      chunk_rows(*this, t * chunk, std::min(K / 32, (t + 1) * chunk), partials.get() + t * M * N,
-                 buf);
+        chunk_rows(*this, t * chunk, std::min(K / 32, (t + 1) * chunk),
+                   partials.get() + t * M * N, buf);
 #endif
+        break;
     }
   }
 }
@@ -594,7 +609,8 @@ template <typename Schedule>
 void run_blockmatmul(const std::shared_ptr<BlockWork>& work, int64_t threads,
                      Schedule schedule) {
   BlockWork& w = *work;
-  if (on_panels(w)) {
+  w.path = path_of(w);
+  if (w.path == kOnPanels) {
     pack_x(w);
     w.n_tasks = (w.N + kNC - 1) / kNC;
   } else if (w.transposed) {
@@ -605,7 +621,7 @@ void run_blockmatmul(const std::shared_ptr<BlockWork>& work, int64_t threads,
     w.n_tasks = (w.K / 32 + w.chunk - 1) / w.chunk;
     w.partials.reset(new float[w.n_tasks * w.M * w.N]);  // each chunk writes all of its own
   }
-  const bool factored = !on_panels(w) && (!w.transposed || w.M <= kRowsFewMax);
+  const bool factored = w.path == kOnRowsFew || w.path == kOnChunks;
   if (factored && pagedjax_blocks::has_offset(w.w.kind)) {  // their c * X
     w.xs.resize(w.M * (w.K / 32));
     for (int64_t i = 0; i < w.M * (w.K / 32); ++i) w.xs[i] = block_sum(w.x + 32 * i);
