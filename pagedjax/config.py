@@ -17,6 +17,8 @@ import os
 from typing import Any
 
 BACKENDS = ("auto", "xla", "cpu_native", "pallas_gpu", "pallas_tpu")
+# kv_cache_dtype: auto (the model's dtype), or a name of kernels_pallas.KV_CACHE_DTYPES
+KV_CACHE_DTYPE_CHOICES = ("auto", "float16", "int8", "fp8", "fp8_e4m3")
 
 
 def _opt(default: Any, help: str, choices: tuple | None = None, flag: str | None = None,
@@ -62,7 +64,7 @@ class EngineArgs:
     kv_cache_dtype: str = _opt("auto", "KV pool dtype (auto = the model's; float16: half "
                                        "the pool's bytes, the CPU kernel widens it in "
                                        "registers, llama.cpp's default cache type)",
-                               ("auto", "float16", "int8", "fp8", "fp8_e4m3"))
+                               KV_CACHE_DTYPE_CHOICES)
     quantization: str | None = _opt(None, "weights kept quantized on the device, dequantized "
                                           "in each step: int8 (per channel, any checkpoint) or "
                                           "gguf (a .gguf file's Q8_0/Q4_0/Q4_1/Q4_K/Q6_K "

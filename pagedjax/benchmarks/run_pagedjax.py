@@ -87,9 +87,7 @@ def run_pagedjax(reqs, ns) -> tuple[dict, object]:
     max_len = max(len(p) + o for p, o in reqs)
     mml = ns.max_model_len or max(128, -(-(max_len + 1) // 16) * 16)
     t = time.perf_counter()
-    extra = {}
-    if getattr(ns, "kv_cache_dtype", "auto") != "auto":
-        extra["kv_cache_dtype"] = ns.kv_cache_dtype
+    extra = {"kv_cache_dtype": getattr(ns, "kv_cache_dtype", "auto")}
     if getattr(ns, "prefix_caching", "default") != "default":
         extra["enable_prefix_caching"] = ns.prefix_caching == "on"
     llm = LLM(model=ns.model, max_model_len=mml, max_num_seqs=ns.max_num_seqs,

@@ -49,6 +49,7 @@ import time
 import numpy as np
 
 from pagedjax.benchmarks import machine  # noqa: E402
+from pagedjax.config import KV_CACHE_DTYPE_CHOICES  # noqa: E402
 from pagedjax.benchmarks.workload import (  # noqa: E402
     HF_STATIC_BATCH,
     SHAREGPT_MEAN_IN,
@@ -348,8 +349,7 @@ def parse_args(argv=None):
                    help="pagedjax LLM(quantization=...): int8 weights or a GGUF file's own "
                         "quantized tensors kept on the device (the transformers baselines stay "
                         "float32)")
-    p.add_argument("--kv-cache-dtype", default="auto",
-                   choices=("auto", "float16", "int8", "fp8", "fp8_e4m3"),
+    p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPE_CHOICES,
                    help="pagedjax LLM(kv_cache_dtype=...): the KV pool's dtype (auto: the "
                         "model's; llama.cpp's server keeps float16 by default)")
     p.add_argument("--warmup", choices=("shapes", "pass"), default="shapes",

@@ -85,3 +85,10 @@ def test_a_16_bit_model_dtype_on_the_cpu_is_named_slow_with_what_to_use():
         assert "kv_cache_dtype='float16'" in msg
         assert slow_dtype_warning(dt, "gpu") is None and slow_dtype_warning(dt, "tpu") is None
     assert slow_dtype_warning(jnp.float32, "cpu") is None
+
+
+def test_every_kv_cache_dtype_choice_names_a_pool_dtype():
+    from pagedjax.config import KV_CACHE_DTYPE_CHOICES
+    from pagedjax.kernels_pallas import KV_CACHE_DTYPES
+
+    assert set(KV_CACHE_DTYPE_CHOICES) == {"auto", *KV_CACHE_DTYPES}
